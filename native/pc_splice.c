@@ -1,0 +1,240 @@
+/* pc_splice.c — merging several single-sequence blobs into one restore blob.
+ *
+ * Two passes: check (parse every blob, compare layouts, look for shared positions, size the
+ * result), then write. The write pass keeps one cursor per input blob: the output takes
+ * layer 0's K rows of every blob, then layer 1's, ..., so each cursor only moves forward. */
+#include "pc_blob.h"
+
+#include <stdlib.h>
+
+typedef struct {
+    const uint8_t *blob;
+    size_t size;
+    pc_layout lay;
+    pc_reader cur;   /* write pass: walks the current section's layer records */
+    pc_layer rec;    /* write pass: the record under the cursor */
+} pc_input;
+
+typedef struct {
+    uint8_t *out;
+    size_t off;
+} pc_writer;
+
+static void write_bytes(pc_writer *w, const void *src, size_t n) {
+    if (n) memcpy(w->out + w->off, src, n);
+    w->off += n;
+}
+
+static void write_u32(pc_writer *w, uint32_t v) {
+    pc_put_le32(w->out + w->off, v);
+    w->off += 4;
+}
+
+/* Index of the first input whose section s has cells, or n when none has. */
+static size_t first_with_cells(const pc_input *in, size_t n, uint32_t s) {
+    size_t b = 0;
+    while (b < n && in[b].lay.sec[s].n_cell == 0) ++b;
+    return b;
+}
+
+static int layer_same(const pc_layer *a, const pc_layer *b) {
+    return a->type == b->type && a->row_size == b->row_size && a->el_size == b->el_size &&
+           a->n_embd == b->n_embd;
+}
+
+/* Every layer record of a (validated) section, compared with the reference section's. */
+static int section_same(const pc_input *a, const pc_input *b, uint32_t s) {
+    const pc_section *sa = &a->lay.sec[s], *sb = &b->lay.sec[s];
+    if (sa->v_trans != sb->v_trans || sa->n_layer != sb->n_layer) return 0;
+    pc_reader ra = { a->blob, a->size, sa->data_off + 8 };
+    pc_reader rb = { b->blob, b->size, sb->data_off + 8 };
+    for (uint32_t il = 0; il < 2 * sa->n_layer; ++il) {
+        const uint32_t tr = il >= sa->n_layer && sa->v_trans;
+        pc_layer la, lb;
+        if (pc_layer_read(&ra, sa->n_cell, tr, &la) != PC_OK) return 0;
+        if (pc_layer_read(&rb, sb->n_cell, tr, &lb) != PC_OK) return 0;
+        if (!layer_same(&la, &lb)) return 0;
+    }
+    return 1;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *) a, y = *(const int32_t *) b;
+    return (x > y) - (x < y);
+}
+
+/* PC_ERR_OVERLAP when two cells of section s (in any blobs) share a position. */
+static int positions_disjoint(const pc_input *in, size_t n, uint32_t s, uint32_t total) {
+    if (total < 2) return PC_OK;
+    int32_t *pos = malloc((size_t) total * sizeof *pos);
+    if (!pos) return PC_ERR_NOMEM;
+    size_t k = 0;
+    for (size_t b = 0; b < n; ++b) {
+        const pc_section *sec = &in[b].lay.sec[s];
+        const size_t rec = pc_cell_bytes(in[b].lay.cell_ext);
+        for (uint32_t i = 0; i < sec->n_cell; ++i) {
+            pos[k++] = (int32_t) pc_le32(in[b].blob + sec->cells_off + (size_t) i * rec);
+        }
+    }
+    qsort(pos, total, sizeof *pos, cmp_i32);
+    int rc = PC_OK;
+    for (size_t i = 1; i < total && rc == PC_OK; ++i) {
+        if (pos[i] == pos[i - 1]) rc = PC_ERR_OVERLAP;
+    }
+    free(pos);
+    return rc;
+}
+
+/* Bytes of section s in the output, which holds `total` cells laid out like input ref. */
+static size_t section_bytes(const pc_input *ref, uint32_t s, uint32_t total) {
+    const pc_section *sec = &ref->lay.sec[s];
+    size_t bytes = 4 + (size_t) 4 * sec->n_stream;
+    if (total == 0) return bytes;
+    bytes += (size_t) total * pc_cell_bytes(ref->lay.cell_ext) + 8;
+    pc_reader r = { ref->blob, ref->size, sec->data_off + 8 };
+    for (uint32_t il = 0; il < 2 * sec->n_layer; ++il) {
+        pc_layer rec;
+        pc_layer_read(&r, sec->n_cell, il >= sec->n_layer && sec->v_trans, &rec);
+        bytes += PC_LAYER_HEADER_BYTES + (size_t) rec.row_size * total;
+    }
+    return bytes;
+}
+
+static int check_section(const pc_input *in, size_t n, uint32_t s, size_t *bytes) {
+    const size_t ref = first_with_cells(in, n, s);
+    uint32_t total = 0;
+    for (size_t b = 0; b < n; ++b) {
+        if (in[b].lay.sec[s].n_cell == 0) continue;
+        if (b != ref && !section_same(&in[ref], &in[b], s)) return PC_ERR_MISMATCH;
+        total += in[b].lay.sec[s].n_cell;
+    }
+    const int rc = positions_disjoint(in, n, s, total);
+    if (rc != PC_OK) return rc;
+    *bytes += section_bytes(&in[ref == n ? 0 : ref], s, total);
+    return PC_OK;
+}
+
+/* Parses every blob, compares layouts and positions, and sizes the output. */
+static int check_inputs(pc_input *in, size_t n, size_t *need) {
+    int rc;
+    for (size_t b = 0; b < n; ++b) {
+        if (!in[b].blob) return PC_ERR_ARGUMENT;
+        if ((rc = pc_layout_parse(in[b].blob, in[b].size, &in[b].lay)) != PC_OK) return rc;
+    }
+    const pc_layout *l0 = &in[0].lay;
+    const size_t ext_ref = first_with_cells(in, n, 0) < n ? first_with_cells(in, n, 0) : 0;
+    for (size_t b = 1; b < n; ++b) {
+        const pc_layout *lb = &in[b].lay;
+        if (lb->n_section != l0->n_section) return PC_ERR_MISMATCH;
+        /* the ext record is only visible in blobs with cells */
+        if (lb->n_cell_total && in[ext_ref].lay.n_cell_total && lb->cell_ext != in[ext_ref].lay.cell_ext)
+            return PC_ERR_MISMATCH;
+        for (uint32_t s = 0; s < l0->n_section; ++s) {
+            if (lb->sec[s].n_stream != l0->sec[s].n_stream) return PC_ERR_MISMATCH;
+        }
+    }
+    *need = 8;
+    for (uint32_t s = 0; s < l0->n_section; ++s) {
+        if ((rc = check_section(in, n, s, need)) != PC_OK) return rc;
+    }
+    return PC_OK;
+}
+
+/* Cell records of every blob, each stamped with the output's seq_id. */
+static void write_cells(pc_writer *w, const pc_input *in, size_t n, uint32_t s, int32_t seq_id) {
+    for (size_t b = 0; b < n; ++b) {
+        const pc_section *sec = &in[b].lay.sec[s];
+        const size_t rec = pc_cell_bytes(in[b].lay.cell_ext);
+        for (uint32_t i = 0; i < sec->n_cell; ++i) {
+            write_bytes(w, in[b].blob + sec->cells_off + (size_t) i * rec, rec - 4);
+            write_u32(w, (uint32_t) seq_id);
+        }
+    }
+}
+
+/* Advances every non-empty input's cursor over its next layer record; writes ref's header. */
+static void next_records(pc_writer *w, pc_input *in, size_t n, size_t ref, uint32_t s, uint32_t tr) {
+    for (size_t b = 0; b < n; ++b) {
+        if (in[b].lay.sec[s].n_cell) pc_layer_read(&in[b].cur, in[b].lay.sec[s].n_cell, tr, &in[b].rec);
+    }
+    write_bytes(w, in[ref].cur.data + in[ref].cur.off - PC_LAYER_HEADER_BYTES -
+                   (size_t) in[ref].rec.row_size * in[ref].lay.sec[s].n_cell,
+                PC_LAYER_HEADER_BYTES);
+}
+
+/* One layer's rows: blob 0's cells, then blob 1's, ... */
+static void write_rows(pc_writer *w, const pc_input *in, size_t n, uint32_t s) {
+    for (size_t b = 0; b < n; ++b) {
+        write_bytes(w, in[b].rec.data, (size_t) in[b].rec.row_size * in[b].lay.sec[s].n_cell);
+    }
+}
+
+/* One transposed V layer: for each embedding element j, every blob's run of cells. */
+static void write_elements(pc_writer *w, const pc_input *in, size_t n, uint32_t s, uint32_t n_embd) {
+    for (uint32_t j = 0; j < n_embd; ++j) {
+        for (size_t b = 0; b < n; ++b) {
+            const size_t run = (size_t) in[b].rec.el_size * in[b].lay.sec[s].n_cell;
+            write_bytes(w, in[b].rec.data + (size_t) j * run, run);
+        }
+    }
+}
+
+static void write_section(pc_writer *w, pc_input *in, size_t n, uint32_t s, int32_t seq_id) {
+    const size_t ref = first_with_cells(in, n, s);
+    const pc_section *rs = &in[ref == n ? 0 : ref].lay.sec[s];
+    uint32_t total = 0;
+    for (size_t b = 0; b < n; ++b) total += in[b].lay.sec[s].n_cell;
+    write_u32(w, rs->n_stream);
+    for (uint32_t st = 0; st < rs->n_stream; ++st) write_u32(w, st == rs->stream ? total : 0);
+    if (total == 0) return;
+    /* the cell count of the target stream is followed directly by its cells and data */
+    const size_t tail = (size_t) 4 * (rs->n_stream - 1 - rs->stream);
+    w->off -= tail;
+    write_cells(w, in, n, s, seq_id);
+    write_u32(w, rs->v_trans);
+    write_u32(w, rs->n_layer);
+    for (size_t b = 0; b < n; ++b) {
+        const pc_section *sec = &in[b].lay.sec[s];
+        in[b].cur = (pc_reader) { in[b].blob, in[b].size, sec->n_cell ? sec->data_off + 8 : 0 };
+    }
+    for (uint32_t il = 0; il < 2 * rs->n_layer; ++il) {
+        const uint32_t tr = il >= rs->n_layer && rs->v_trans;
+        next_records(w, in, n, ref, s, tr);
+        if (tr) write_elements(w, in, n, s, in[ref].rec.n_embd);
+        else write_rows(w, in, n, s);
+    }
+    for (uint32_t st = rs->stream + 1; st < rs->n_stream; ++st) write_u32(w, 0);
+}
+
+int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
+                    uint8_t *out, size_t out_capacity, size_t *out_size) {
+    if (!blobs || !sizes || !out_size || n_blobs == 0) return PC_ERR_ARGUMENT;
+    if (!out && out_capacity) return PC_ERR_ARGUMENT;
+    pc_input *in = calloc(n_blobs, sizeof *in);
+    if (!in) return PC_ERR_NOMEM;
+    for (size_t b = 0; b < n_blobs; ++b) {
+        in[b].blob = blobs[b];
+        in[b].size = sizes[b];
+    }
+    size_t need = 0;
+    int rc = check_inputs(in, n_blobs, &need);
+    if (rc == PC_OK) {
+        *out_size = need;
+        if (need > out_capacity) rc = PC_ERR_CAPACITY;
+    }
+    if (rc == PC_OK) {
+        pc_writer w = { out, 0 };
+        write_u32(&w, PC_MAGIC);
+        write_u32(&w, (uint32_t) in[0].lay.seq_id);
+        for (uint32_t s = 0; s < in[0].lay.n_section; ++s) write_section(&w, in, n_blobs, s, in[0].lay.seq_id);
+        if (w.off != need) rc = PC_ERR_ARGUMENT; /* unreachable: the two passes disagree */
+    }
+    free(in);
+    return rc;
+}
+
+int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
+                         size_t *out_size) {
+    const int rc = pc_state_splice(blobs, sizes, n_blobs, NULL, 0, out_size);
+    return rc == PC_ERR_CAPACITY ? PC_OK : rc;
+}

@@ -1,0 +1,8 @@
+"""pc_cpu: Prompt Cache (modular attention reuse) on llama.cpp, for CPUs."""
+
+from pc_cpu.cache import PromptCache
+from pc_cpu.errors import PromptCacheError
+from pc_cpu.result import Result
+
+__all__ = ["PromptCache", "PromptCacheError", "Result"]
+__version__ = "0.1.0"

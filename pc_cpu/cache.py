@@ -1,0 +1,268 @@
+"""PromptCache: load PML schemas once, then answer prompts that reuse their encoded modules.
+
+    pc = PromptCache()                      # default model, see pc_cpu.model_path
+    pc.load_schema(open("trip.pml").read())  # encodes every module once
+    result = pc.generate('<prompt schema="trip"><paris/><user>Where to eat?</user></prompt>')
+    print(result.text, result.ttft_ms)
+
+Sequence ids of the context: PROMPT_SEQ holds the prompt being answered,
+SCRATCH_SEQ is where modules are computed, the rest are library sequences that
+keep encoded modules resident (pc_cpu.store.resident).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from pc_cpu.engine.assembler import assemble
+from pc_cpu.engine.context import Context, ContextConfig
+from pc_cpu.engine.encoder import drop_module, encode_schema
+from pc_cpu.engine.generator import Finish, generate_tokens
+from pc_cpu.engine.model import Model
+from pc_cpu.engine.sampler import Sampler, SamplingParams
+from pc_cpu.errors import ContextOverflowError, PromptCacheError, UnknownSchemaError
+from pc_cpu.model_path import resolve_model_path
+from pc_cpu.pml.encoding import check_mode
+from pc_cpu.pml.layout import ROOT, Layout, build_layout
+from pc_cpu.pml.plan import Plan, build_plan
+from pc_cpu.pml.prompt import parse_prompt
+from pc_cpu.pml.roles import markup_from_template
+from pc_cpu.pml.schema import Schema, parse_schema
+from pc_cpu.result import Result
+from pc_cpu.store.resident import ResidentTier
+
+PROMPT_SEQ = 0
+SCRATCH_SEQ = 1
+FIRST_LIBRARY_SEQ = 2
+
+
+@dataclass(frozen=True)
+class LoadedSchema:
+    schema: Schema
+    layout: Layout
+
+
+class PromptCache:
+    """A model, one llama.cpp context, and the schemas whose modules are encoded in it."""
+
+    def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
+                 threads: int | None = None, n_seq_max: int = 64, encoding: str = "preamble",
+                 flash_attn: bool | None = None, verbose: bool = False):
+        """Loads the model and creates the context.
+
+        Args:
+            model: a GGUF path; None uses $PC_CPU_MODEL or the installed default (SmolLM2-135M).
+            n_ctx: KV cells for schemas and prompts together; None: the model's training context, at most 8192.
+            threads: CPU threads; None uses every core.
+            n_seq_max: sequence ids (2..256); union members each need their own.
+            encoding: "preamble" (modules see the schema text before them) or "independent".
+            flash_attn: None lets llama.cpp choose.
+            verbose: show llama.cpp's own log.
+        """
+        self.encoding = check_mode(encoding)
+        self.model = Model(resolve_model_path(model), verbose=verbose)
+        n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
+        config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
+        try:
+            self.ctx = Context(self.model, config)
+        except Exception:
+            self.model.close()
+            raise
+        self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
+                                           eos_token=self.model.eos_text())
+        self._schemas: dict[str, LoadedSchema] = {}
+        self._resident = ResidentTier(list(range(FIRST_LIBRARY_SEQ, n_seq_max)))
+        self._lock = threading.RLock()  # one context: one prompt or encoding at a time
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Frees the context, then the model."""
+        self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> "PromptCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- schemas ------------------------------------------------------------
+
+    def load_schema(self, pml: str, *, encode: bool = True) -> Schema:
+        """Returns the parsed schema after laying it out and (by default) encoding its modules.
+
+        Loading a schema with a name already loaded replaces it (unchanged text is a no-op).
+        """
+        schema = parse_schema(pml)
+        with self._lock:
+            loaded = self._schemas.get(schema.name)
+            if loaded is None or loaded.schema.source != schema.source:
+                if loaded is not None:
+                    self.unload_schema(schema.name)
+                layout = build_layout(schema, self.model, self.markup)
+                self._check_fits(layout)
+                loaded = LoadedSchema(schema, layout)
+                self._schemas[schema.name] = loaded
+            if encode:
+                encode_schema(self.ctx, loaded.layout, self._resident, mode=self.encoding, scratch=SCRATCH_SEQ)
+        return loaded.schema
+
+    def unload_schema(self, name: str) -> None:
+        """Drops a schema and frees its modules' cells."""
+        with self._lock:
+            self._loaded(name)
+            for key in self._resident.keys(name):
+                drop_module(self.ctx, self._resident, key)
+            del self._schemas[name]
+
+    def layout(self, name: str) -> Layout:
+        """Returns the layout of a loaded schema."""
+        return self._loaded(name).layout
+
+    @property
+    def schema_names(self) -> list[str]:
+        return list(self._schemas)
+
+    @property
+    def resident_cells(self) -> int:
+        """Returns the KV cells held by encoded modules."""
+        return self._resident.cells
+
+    def _loaded(self, name: str) -> LoadedSchema:
+        try:
+            return self._schemas[name]
+        except KeyError:
+            known = ", ".join(self._schemas) or "none"
+            raise UnknownSchemaError(f"schema {name!r} is not loaded (loaded: {known}); load it first") from None
+
+    def _check_fits(self, layout: Layout) -> None:
+        if layout.length >= self.ctx.n_ctx:
+            raise ContextOverflowError(f"schema {layout.schema!r} spans {layout.length} positions but the context "
+                                       f"has {self.ctx.n_ctx}; raise n_ctx or split the schema")
+        free = self.ctx.n_ctx - self._resident.cells
+        if layout.cached_cells + layout.length > free:
+            raise ContextOverflowError(
+                f"schema {layout.schema!r} needs {layout.cached_cells} KV cells (plus room to encode), but only "
+                f"{free} of {self.ctx.n_ctx} are free; raise n_ctx or unload a schema")
+
+    # --- prompts ------------------------------------------------------------
+
+    def plan(self, prompt_pml: str) -> Plan:
+        """Returns the Plan of a prompt against its (loaded) schema."""
+        self._load_attached_schema(prompt_pml)
+        prompt = parse_prompt(prompt_pml)
+        layout = self._loaded(prompt.schema).layout
+        return build_plan(layout, prompt, self.model, self.markup)
+
+    def generate(self, prompt_pml: str, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True) -> Result:
+        """Returns the model's answer to a PML prompt, with timings and cache counts.
+
+        use_cache=False is the baseline: a full prefill of the identical tokens, through the same generator.
+        """
+        stream = self.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, stop=stop, use_cache=use_cache)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt_pml: str, **options) -> "Stream":
+        """Returns an iterator of text pieces as they are generated; `.result` is set when it ends."""
+        return Stream(self, prompt_pml, options)
+
+    def prefill(self, plan: Plan, *, use_cache: bool) -> int:
+        """Builds the prompt's KV cache (cached assembly or full prefill); returns the next position."""
+        if use_cache:
+            layout = self.layout(plan.schema)
+            encode_schema(self.ctx, layout, self._resident, mode=self.encoding, scratch=SCRATCH_SEQ)
+            assemble(self.ctx, plan, PROMPT_SEQ, lambda module: self._resident.get((plan.schema, module)))
+            return plan.end
+        tokens = plan.tokens
+        self.ctx.seq_rm(PROMPT_SEQ)
+        self.ctx.decode(tokens, range(len(tokens)), PROMPT_SEQ)
+        return len(tokens)
+
+    def room_for_generation(self, plan: Plan, *, use_cache: bool) -> int:
+        """Returns how many tokens can be generated after the prompt; raises if the prompt does not fit."""
+        end = plan.end if use_cache else len(plan.tokens)
+        new_cells = plan.uncached_tokens if use_cache else len(plan.tokens)
+        free_cells = self.ctx.n_ctx - self._resident.cells - new_cells
+        room = min(self.ctx.n_ctx - end, free_cells)
+        if room < 1:
+            raise ContextOverflowError(
+                f"prompt needs {end} positions and {new_cells} new KV cells; the context has {self.ctx.n_ctx} "
+                f"positions and {self.ctx.n_ctx - self._resident.cells} free cells: raise n_ctx or shorten it")
+        return room
+
+    def _load_attached_schema(self, prompt_pml) -> None:
+        # Prompts made by pc_cpu.compile carry their schema; load it on first use.
+        schema_pml = getattr(prompt_pml, "schema_pml", None)
+        if schema_pml:
+            name = parse_schema(schema_pml).name
+            if name not in self._schemas or self._schemas[name].schema.source != schema_pml:
+                self.load_schema(schema_pml)
+
+
+class Stream:
+    """Iterates over generated text pieces; holds the context until exhausted or closed."""
+
+    def __init__(self, cache: PromptCache, prompt_pml: str, options: dict):
+        self._cache = cache
+        self._prompt = prompt_pml
+        self._options = options
+        self.result: Result | None = None
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def close(self) -> None:
+        self._iter.close()
+
+    def _run(self) -> Iterator[str]:
+        opts = dict(self._options)
+        use_cache = opts.pop("use_cache", True)
+        max_tokens = opts.pop("max_tokens", 256)
+        stop = tuple(opts.pop("stop", ()) or ())
+        sampling = SamplingParams(**opts)
+        sampling.validate()
+        if max_tokens < 1:
+            raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
+        cache = self._cache
+        with cache._lock:
+            t0 = time.perf_counter()
+            plan = cache.plan(self._prompt)
+            room = cache.room_for_generation(plan, use_cache=use_cache)
+            sampler = Sampler(sampling)
+            tokens: list[int] = []
+            pieces: list[str] = []
+            finish = Finish()
+            ttft = None
+            try:
+                next_pos = cache.prefill(plan, use_cache=use_cache)
+                for step in generate_tokens(cache.ctx, sampler, seq=PROMPT_SEQ, next_pos=next_pos,
+                                            max_tokens=min(max_tokens, room), stop=stop, finish=finish):
+                    if ttft is None:
+                        ttft = (time.perf_counter() - t0) * 1000
+                    if step.token >= 0:
+                        tokens.append(step.token)
+                    if step.text:
+                        pieces.append(step.text)
+                        yield step.text
+            finally:
+                sampler.close()
+                cache.ctx.seq_rm(PROMPT_SEQ)  # frees the prompt's own cells; shared module cells stay
+            total = (time.perf_counter() - t0) * 1000
+            self.result = Result(text="".join(pieces), token_ids=tokens, ttft_ms=ttft if ttft is not None else total,
+                                 total_ms=total, cached_tokens=plan.cached_tokens if use_cache else 0,
+                                 uncached_tokens=plan.uncached_tokens if use_cache else len(plan.tokens),
+                                 finish_reason=finish.reason, use_cache=use_cache,
+                                 modules=[m for m in plan.modules if m != ROOT])

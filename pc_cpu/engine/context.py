@@ -1,0 +1,215 @@
+"""Gives a llama.cpp context: batched decoding at explicit positions and the memory/state calls.
+
+Every id, position and size is checked here before it reaches llama.cpp, because
+llama.cpp aborts the whole process on an out-of-range sequence id or an
+oversized batch instead of returning an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from pc_cpu.engine.model import Model
+from pc_cpu.errors import ContextOverflowError, EngineError
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int = 8192  # KV cells, shared by every sequence (kv_unified)
+    n_batch: int = 512  # tokens per llama_decode call; longer inputs are split
+    n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
+    threads: int | None = None  # None: every core
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
+
+
+def default_threads() -> int:
+    """Returns the number of cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class Context:
+    """One llama_context with a unified KV cache; the only owner of its handle and batch."""
+
+    def __init__(self, model: Model, config: ContextConfig):
+        if not 2 <= config.n_seq_max <= MAX_SEQUENCES:
+            raise EngineError(f"n_seq_max={config.n_seq_max}: must be 2..{MAX_SEQUENCES}")
+        if config.n_ctx < 16:
+            raise EngineError(f"n_ctx={config.n_ctx}: must be at least 16")
+        self.model = model
+        self.config = config
+        self.threads = config.threads or default_threads()
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = config.n_batch
+        params.n_seq_max = config.n_seq_max
+        params.n_threads = self.threads
+        params.n_threads_batch = self.threads
+        params.kv_unified = True  # one cell pool: cells can be shared across sequences (seq_cp)
+        params.swa_full = config.swa_full
+        params.no_perf = True
+        if config.flash_attn is not None:
+            params.flash_attn_type = 1 if config.flash_attn else 0
+        self._ctx = llama_cpp.llama_init_from_model(model.handle, params)
+        if not self._ctx:
+            raise EngineError(f"llama.cpp could not create a context with n_ctx={config.n_ctx}; "
+                              "lower n_ctx (run with --verbose to see why)")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_seq_max = config.n_seq_max
+        self.n_batch = config.n_batch
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.can_shift = bool(llama_cpp.llama_memory_can_shift(self._mem))
+
+    def close(self) -> None:
+        """Frees the batch, then the context (children before parents)."""
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- checks -------------------------------------------------------------
+
+    def check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise EngineError(f"sequence id {seq} is out of range 0..{self.n_seq_max - 1}")
+
+    def check_positions(self, start: int, end: int) -> None:
+        if start < 0 or end > self.n_ctx:
+            raise ContextOverflowError(f"positions [{start}, {end}) do not fit the context of {self.n_ctx} "
+                                       "tokens; raise n_ctx or shorten the prompt")
+
+    # --- decoding -----------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int] | int,
+               *, logits_last: bool = True) -> None:
+        """Computes `tokens` at `positions` in sequence(s) `seqs`, in chunks of n_batch.
+
+        After it returns, `logits()` gives the last token's logits when logits_last is set.
+        Per sequence, positions must continue from its last cell (llama.cpp's rule).
+        """
+        n = len(tokens)
+        if n == 0 or len(positions) != n:
+            raise EngineError(f"decode needs one position per token (got {n} tokens, {len(positions)} positions)")
+        seq_list = [seqs] * n if isinstance(seqs, int) else list(seqs)
+        for seq in set(seq_list):
+            self.check_seq(seq)
+        self.check_positions(min(positions), max(positions) + 1)
+        for token in tokens:
+            if not 0 <= token < self.model.n_vocab:
+                raise EngineError(f"token id {token} is outside the vocabulary (0..{self.model.n_vocab - 1})")
+        for lo in range(0, n, self.n_batch):
+            hi = min(n, lo + self.n_batch)
+            self._decode_chunk(tokens[lo:hi], positions[lo:hi], seq_list[lo:hi], logits_last and hi == n)
+
+    def _decode_chunk(self, tokens, positions, seqs, want_logits: bool) -> None:
+        batch = self._batch
+        n = len(tokens)
+        for i in range(n):
+            batch.token[i] = tokens[i]
+            batch.pos[i] = positions[i]
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seqs[i]
+            batch.logits[i] = 0
+        batch.logits[n - 1] = 1 if want_logits else 0
+        batch.n_tokens = n
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise _decode_error(status, n, self.n_ctx)
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        """Returns a copy of the logits of output `index` of the last decode (-1: the last output)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, index)
+        if not ptr:
+            raise EngineError("no logits for that output: the last decode did not ask for them")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    @property
+    def handle(self):
+        return self._ctx
+
+    # --- memory -------------------------------------------------------------
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Returns the largest position in `seq`, or -1 when it has no cells."""
+        self.check_seq(seq)
+        return llama_cpp.llama_memory_seq_pos_max(self._mem, seq)
+
+    def seq_pos_min(self, seq: int) -> int:
+        self.check_seq(seq)
+        return llama_cpp.llama_memory_seq_pos_min(self._mem, seq)
+
+    def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
+        """Shares `src`'s cells at positions [start, end) with `dst` (no copy of data)."""
+        self.check_seq(src)
+        self.check_seq(dst)
+        self.check_positions(start, end)
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, start, end)
+
+    def seq_rm(self, seq: int, start: int = -1, end: int = -1) -> None:
+        """Drops `seq`'s cells at [start, end) (-1: open-ended); cells no one else holds are freed."""
+        self.check_seq(seq)
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, start, end):
+            raise EngineError(f"llama.cpp refused to remove cells [{start}, {end}) of sequence {seq}")
+
+    def seq_add(self, seq: int, start: int, end: int, delta: int) -> None:
+        """Moves `seq`'s cells at [start, end) by `delta` positions; K is re-rotated at the next decode.
+
+        A cell has one position for every sequence that holds it: call this only on cells
+        no other sequence shares.
+        """
+        self.check_seq(seq)
+        if not self.can_shift:
+            raise EngineError("this model's KV cache cannot shift positions; prompts whose parameter "
+                              "arguments leave gaps are not supported on it")
+        self.check_positions(start + min(0, delta), end + max(0, delta))
+        llama_cpp.llama_memory_seq_add(self._mem, seq, start, end, delta)
+
+    def clear(self) -> None:
+        """Drops every cell of every sequence."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+    # --- state bytes ----------------------------------------------------------
+
+    def state_get(self, seq: int) -> bytes:
+        """Returns the bytes of `seq`'s cells (llama_state_seq_get_data)."""
+        self.check_seq(seq)
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        return bytes(buf[:written])
+
+    def state_set(self, seq: int, data: bytes) -> None:
+        """Replaces `seq`'s cells with a blob from state_get (the sequence is cleared first)."""
+        self.check_seq(seq)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq) == 0:
+            raise EngineError(f"llama.cpp could not restore a {len(data)}-byte state into sequence {seq}: "
+                              "the blob is from another model or the context has no free cells")
+
+
+def _decode_error(status: int, n: int, n_ctx: int) -> Exception:
+    if status == 1:
+        return ContextOverflowError(f"no free KV cells for {n} tokens (context holds {n_ctx}): "
+                                    "raise n_ctx, shorten the prompt, or load fewer schemas")
+    if status == 2:
+        return EngineError("decoding was aborted")
+    if status == -1:
+        return EngineError("llama.cpp rejected the batch as invalid (positions must continue each "
+                           "sequence's last position); run with --verbose to see its reason")
+    return EngineError(f"llama.cpp failed while decoding (code {status}); run with --verbose for details")

@@ -1,0 +1,128 @@
+"""Gives a loaded GGUF model: tokenizer, chat template and shape (one owner of llama_model*)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from pc_cpu.engine.log import set_llama_verbose
+from pc_cpu.errors import ModelError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    description: str
+    n_ctx_train: int
+    n_layer: int
+    n_head_kv: int
+    n_embd_head: int
+    n_swa: int  # sliding-window size; 0 when every layer attends to the whole context
+    fingerprint: str  # identifies the weights: a store keyed on it never mixes models
+
+
+class Model:
+    """A llama.cpp model; also the pml Tokenizer (tokenize, bos_id, placeholder_id)."""
+
+    def __init__(self, path: str | os.PathLike, *, verbose: bool = False):
+        set_llama_verbose(verbose)
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"model file {str(self.path)!r} does not exist; pass --model PATH to a GGUF file")
+        params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise ModelError(f"llama.cpp could not load {str(self.path)!r}; is it a GGUF model file? "
+                             "(run with --verbose to see llama.cpp's reason)")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        add_bos = llama_cpp.llama_vocab_get_add_bos(self._vocab)
+        self.bos_id: int | None = llama_cpp.llama_vocab_bos(self._vocab) if add_bos else None
+        space = self.tokenize(" ", special=False)
+        self.placeholder_id: int = space[0] if space else 0
+        self.info = self._read_info()
+
+    # llama_model * is freed once; contexts made from it must be closed first (PromptCache does).
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def handle(self):
+        """Returns the llama_model pointer for the engine's Context."""
+        return self._model
+
+    def _read_info(self) -> ModelInfo:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, buf, len(buf))
+        n_embd = llama_cpp.llama_model_n_embd(self._model)
+        n_head = max(1, llama_cpp.llama_model_n_head(self._model))
+        return ModelInfo(
+            path=str(self.path), description=buf.value.decode("utf-8", "replace"),
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
+            n_layer=llama_cpp.llama_model_n_layer(self._model),
+            n_head_kv=llama_cpp.llama_model_n_head_kv(self._model), n_embd_head=n_embd // n_head,
+            n_swa=llama_cpp.llama_model_n_swa(self._model), fingerprint=_fingerprint(self.path))
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        """Returns the token ids of `text` without BOS; special=True parses control tokens."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, special)
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def piece(self, token: int) -> bytes:
+        """Returns the bytes a token stands for (control tokens render as nothing)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Returns the text of `tokens` (control tokens dropped)."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """Returns a token's vocabulary text, control tokens included (e.g. '<|im_end|>')."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def chat_template(self) -> str | None:
+        """Returns the GGUF's tokenizer.chat_template, or None when the model has none."""
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    def bos_text(self) -> str:
+        return self.token_text(llama_cpp.llama_vocab_bos(self._vocab))
+
+    def eos_text(self) -> str:
+        return self.token_text(llama_cpp.llama_vocab_eos(self._vocab))
+
+
+def _fingerprint(path: Path) -> str:
+    """Returns a short hash of the file's size, head and tail: cheap, and changes with the weights."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return digest.hexdigest()[:16]

@@ -1,0 +1,79 @@
+"""The exception tree of pc_cpu: every error a user can cause is a PromptCacheError.
+
+Messages name the object, the limit and the fix, e.g.
+"param 'duration': 7 tokens > len=5; raise len in schema 'trip'". The CLI turns
+these into one-line messages in one place (pc_cpu.cli).
+"""
+
+from __future__ import annotations
+
+
+class PromptCacheError(Exception):
+    """Base of every error pc_cpu raises on purpose."""
+
+
+class PMLError(PromptCacheError):
+    """A schema or prompt document is not valid PML.
+
+    Carries the XML line and column when they are known.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None):
+        self.line = line
+        self.column = column
+        where = f" (line {line}, column {column})" if line is not None and column is not None else (
+            f" (line {line})" if line is not None else "")
+        super().__init__(message + where)
+        self.bare_message = message
+
+
+class PMLSyntaxError(PMLError):
+    """The text is not well-formed XML, or uses a refused XML feature (DTD, entities)."""
+
+
+class SchemaError(PMLError):
+    """A schema is well-formed XML but breaks a PML rule."""
+
+
+class PromptError(PMLError):
+    """A prompt does not match its schema (unknown module, union clash, bad argument...)."""
+
+
+class UnknownSchemaError(PromptError):
+    """A prompt names a schema that was never loaded."""
+
+
+class ArgumentTooLongError(PromptError):
+    """A parameter argument has more tokens than the param's len."""
+
+
+class ContextOverflowError(PromptCacheError):
+    """A schema or prompt needs more positions or KV cells than the context has."""
+
+
+class ModelError(PromptCacheError):
+    """No model could be found or loaded, or the model lacks a needed feature."""
+
+
+class EngineError(PromptCacheError):
+    """llama.cpp refused an operation; the message says what its return code means."""
+
+
+class SequenceBudgetError(EngineError):
+    """The context has no free sequence id left for a module or a prompt."""
+
+
+class CompileError(PromptCacheError):
+    """A @prompt_program function uses Python that the PML compiler cannot translate.
+
+    Carries the Python file and line of the offending statement when known; the
+    message names the construct and what is supported instead.
+    """
+
+    def __init__(self, message: str, *, filename: str | None = None, line: int | None = None):
+        self.filename = filename
+        self.line = line
+        self.bare_message = message
+        where = f"{filename or '<unknown>'}:{line}: " if line is not None else (
+            f"{filename}: " if filename else "")
+        super().__init__(where + message)

@@ -1,0 +1,201 @@
+"""Gives the Plan of a prompt: the ordered operations that assemble its KV cache.
+
+A Plan lists, in position order, which cells to share from encoded modules
+(CopyCells) and which tokens to compute (DecodeTokens: parameter arguments at
+their reserved slots, and the free text right after the last assembled
+position). Executing it in order keeps llama.cpp's rule that a sequence's
+decoded positions continue from its last one. The same Plan gives the baseline:
+its tokens, in position order, are exactly what a full prefill computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from pc_cpu.errors import ArgumentTooLongError, PromptError
+from pc_cpu.pml.layout import ROOT, Layout, ModuleLayout
+from pc_cpu.pml.prompt import Import, Prompt
+from pc_cpu.pml.roles import RoleMarkup
+from pc_cpu.pml.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class CopyCells:
+    """Share the cells of `module`'s encoding at positions [start, end) into the prompt."""
+
+    module: str
+    start: int
+    tokens: tuple[int, ...]  # what those cells encode (the baseline computes them)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class DecodeTokens:
+    """Compute `tokens` at positions [start, end) of the prompt's sequence."""
+
+    start: int
+    tokens: tuple[int, ...]
+    what: str  # e.g. "argument 'days' of module 'plan'" or "prompt text", for messages
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+Op = Union[CopyCells, DecodeTokens]
+
+
+@dataclass(frozen=True)
+class Plan:
+    schema: str
+    ops: tuple[Op, ...]  # strictly increasing positions
+    modules: tuple[str, ...]  # imported modules (ROOT first), in position order
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Returns every prompt token in position order: the input of the baseline prefill."""
+        return tuple(t for op in self.ops for t in op.tokens)
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        """Returns the position of each token of `tokens` in the assembled sequence."""
+        return tuple(p for op in self.ops for p in range(op.start, op.end))
+
+    @property
+    def end(self) -> int:
+        """Returns one past the last assembled position: where generation continues."""
+        return self.ops[-1].end if self.ops else 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(len(op.tokens) for op in self.ops if isinstance(op, CopyCells))
+
+    @property
+    def uncached_tokens(self) -> int:
+        return sum(len(op.tokens) for op in self.ops if isinstance(op, DecodeTokens))
+
+
+def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> Plan:
+    """Returns the Plan that assembles `prompt` from `layout`'s modules.
+
+    Raises:
+        PromptError: an import or argument does not match the schema (the message says which and the fix).
+    """
+    if prompt.schema != layout.schema:
+        raise PromptError(f"prompt is for schema {prompt.schema!r}, not {layout.schema!r}")
+    imported = _resolve_imports(layout, prompt.imports)
+    ops = _module_ops(layout, imported, tokenizer)
+    text = _free_text_tokens(layout, prompt, tokenizer, markup)
+    end = ops[-1].end if ops else 0
+    if text:
+        ops.append(DecodeTokens(end, tuple(text), "prompt text"))
+    ops = _ensure_last_is_decoded(ops)
+    modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
+    return Plan(layout.schema, tuple(ops), modules)
+
+
+def _resolve_imports(layout: Layout, imports: tuple[Import, ...]) -> dict[str, dict[str, str]]:
+    """Returns {module: arguments} for ROOT and every import, after checking them against the layout."""
+    imported: dict[str, dict[str, str]] = {ROOT: {}}
+    lines: dict[str, int] = {}
+
+    def visit(item: Import, parent: str) -> None:
+        module = layout.module(item.name)
+        if item.name in imported:
+            raise PromptError(f"module {item.name!r} is imported twice; import it once", line=item.line)
+        if module.parent != parent:
+            raise PromptError(_nesting_message(layout, item.name), line=item.line)
+        _check_args(layout, module, item)
+        imported[item.name] = dict(item.args)
+        lines[item.name] = item.line
+        for child in item.children:
+            visit(child, item.name)
+
+    for item in imports:
+        visit(item, ROOT)
+    for union in layout.unions.values():
+        chosen = [m for m in union.members if m in imported]
+        if len(chosen) > 1:
+            raise PromptError(f"module {chosen[1]!r} is in union {union.name!r} with {chosen[0]!r}: "
+                              "import one of them", line=lines[chosen[1]])
+    return imported
+
+
+def _nesting_message(layout: Layout, name: str) -> str:
+    chain = [a for a in layout.ancestors(name) if a != ROOT] + [name]
+    written = "".join(f"<{a}>" for a in chain[:-1]) + f"<{name}/>" + "".join(f"</{a}>" for a in chain[-2::-1])
+    if len(chain) == 1:
+        return f"module {name!r} is a top-level module; import it outside other imports, as <{name}/>"
+    return f"module {name!r} is inside module {chain[-2]!r}; import it nested, as {written}"
+
+
+def _check_args(layout: Layout, module: ModuleLayout, item: Import) -> None:
+    params = module.params()
+    for arg in item.args:
+        if arg not in params:
+            names = ", ".join(sorted(params)) or "none"
+            raise PromptError(f"module {module.name!r} has no param {arg!r}; its params: {names}", line=item.line)
+    for name, slot in params.items():
+        if name not in item.args:
+            raise PromptError(f"module {module.name!r} needs an argument for param {name!r} (up to "
+                              f"{len(slot.tokens)} tokens): write <{module.name} {name}=\"...\"/>",
+                              line=item.line)
+
+
+def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], tokenizer: Tokenizer) -> list[Op]:
+    """Returns the ops that place every imported module's pieces, in position order."""
+    pieces = sorted(((p, name) for name in imported for p in layout.modules[name].pieces), key=lambda x: x[0].start)
+    ops: list[Op] = []
+    for piece, module in pieces:
+        if piece.param is None:
+            last = ops[-1] if ops else None
+            if isinstance(last, CopyCells) and last.module == module and last.end == piece.start:
+                ops[-1] = CopyCells(module, last.start, last.tokens + piece.tokens)
+            else:
+                ops.append(CopyCells(module, piece.start, piece.tokens))
+            continue
+        tokens = tuple(tokenizer.tokenize(imported[module][piece.param], special=False))
+        if len(tokens) > len(piece.tokens):
+            raise ArgumentTooLongError(
+                f"param {piece.param!r} of module {module!r}: argument is {len(tokens)} tokens > "
+                f"len={len(piece.tokens)}; shorten it or raise len in schema {layout.schema!r}")
+        if tokens:
+            ops.append(DecodeTokens(piece.start, tokens, f"argument {piece.param!r} of module {module!r}"))
+    return ops
+
+
+def _free_text_tokens(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> list[int]:
+    """Returns the tokens of the prompt's free text, with chat markup where roles are in use."""
+    chat = layout.uses_roles or prompt.uses_roles
+    tokens: list[int] = []
+    for i, turn in enumerate(prompt.turns):
+        role = turn.role or ("user" if chat else None)
+        if role is None:
+            tokens += tokenizer.tokenize(turn.text, special=False)
+            continue
+        is_open_answer = role == "assistant" and i == len(prompt.turns) - 1
+        tokens += tokenizer.tokenize(markup.prefix[role], special=True)
+        tokens += tokenizer.tokenize(turn.text, special=False)
+        if not is_open_answer:
+            tokens += tokenizer.tokenize(markup.suffix[role], special=True)
+    if chat and not prompt.ends_with_assistant():
+        tokens += tokenizer.tokenize(markup.generation_prompt, special=True)
+    return tokens
+
+
+def _ensure_last_is_decoded(ops: list[Op]) -> list[Op]:
+    """Returns ops whose last op computes a token, so the model has logits to sample from.
+
+    When every prompt token is cached, the last one is recomputed (as vLLM does).
+    """
+    if not ops:
+        raise PromptError("the prompt is empty: import a module or write some text")
+    last = ops[-1]
+    if isinstance(last, DecodeTokens):
+        return ops
+    head = [CopyCells(last.module, last.start, last.tokens[:-1])] if len(last.tokens) > 1 else []
+    return ops[:-1] + head + [DecodeTokens(last.end - 1, last.tokens[-1:], f"last token of module {last.module!r}")]

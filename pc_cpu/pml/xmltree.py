@@ -1,0 +1,135 @@
+"""Gives a small element tree (with line numbers) for a PML document, parsed safely.
+
+defusedxml refuses DTDs, entity declarations and external references, so no input
+can expand into gigabytes or read a file. On top of that we cap depth, element
+count and text size: a PML document is a prompt, not a data dump.
+"""
+
+from __future__ import annotations
+
+import xml.parsers.expat
+from dataclasses import dataclass, field
+
+import defusedxml.ElementTree as DET
+from defusedxml.common import DefusedXmlException
+
+from pc_cpu.errors import PMLSyntaxError
+
+MAX_DEPTH = 64
+MAX_ELEMENTS = 100_000
+MAX_TEXT_CHARS = 16 * 1024 * 1024  # characters of text in one document
+
+
+@dataclass
+class Text:
+    """A run of character data between tags."""
+
+    value: str
+    line: int
+
+
+@dataclass
+class Element:
+    """One XML element: its tag, attributes, children (elements and text) and where it starts."""
+
+    tag: str
+    attrs: dict[str, str]
+    line: int
+    column: int
+    children: list["Element | Text"] = field(default_factory=list)
+
+    def elements(self) -> list["Element"]:
+        """Returns the child elements, without text."""
+        return [c for c in self.children if isinstance(c, Element)]
+
+
+class _Builder:
+    """Collects expat callbacks into Elements, enforcing the size limits."""
+
+    def __init__(self) -> None:
+        self.parser: object | None = None  # set once the expat parser exists, for line numbers
+        self.stack: list[Element] = []
+        self.root: Element | None = None
+        self.n_elements = 0
+        self.n_chars = 0
+
+    def _where(self) -> tuple[int, int]:
+        expat = getattr(self.parser, "parser", None)
+        if expat is None:
+            return 0, 0
+        return expat.CurrentLineNumber, expat.CurrentColumnNumber + 1
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
+        line, column = self._where()
+        self.n_elements += 1
+        if self.n_elements > MAX_ELEMENTS:
+            raise PMLSyntaxError(f"more than {MAX_ELEMENTS} elements; split the document", line=line)
+        if len(self.stack) >= MAX_DEPTH:
+            raise PMLSyntaxError(f"elements nested deeper than {MAX_DEPTH}; flatten the document", line=line)
+        element = Element(tag, dict(attrs), line, column)
+        if self.stack:
+            self.stack[-1].children.append(element)
+        else:
+            self.root = element
+        self.stack.append(element)
+
+    def end(self, tag: str) -> None:
+        self.stack.pop()
+
+    def data(self, text: str) -> None:
+        self.n_chars += len(text)
+        if self.n_chars > MAX_TEXT_CHARS:
+            raise PMLSyntaxError(f"more than {MAX_TEXT_CHARS} characters of text; shorten the document")
+        if not self.stack:
+            return
+        children = self.stack[-1].children
+        if children and isinstance(children[-1], Text):
+            children[-1].value += text  # expat splits text at buffer edges and entities
+        else:
+            children.append(Text(text, self._where()[0]))
+
+    def close(self) -> Element | None:
+        return self.root
+
+
+def parse_xml(source: str | bytes, *, what: str) -> Element:
+    """Returns the root Element of a PML document.
+
+    Args:
+        source: the document text.
+        what: "schema" or "prompt", used in error messages.
+
+    Raises:
+        PMLSyntaxError: the text is not well-formed XML, uses DTDs or entities, or is too large.
+    """
+    if isinstance(source, bytes):
+        try:
+            source = source.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PMLSyntaxError(f"{what} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    if not isinstance(source, str):
+        raise PMLSyntaxError(f"{what} must be a string of PML, got {type(source).__name__}")
+    if not source.strip():
+        raise PMLSyntaxError(f"{what} is empty; expected a <{what}> element")
+    builder = _Builder()
+    try:
+        parser = DET.DefusedXMLParser(target=builder, forbid_dtd=True, forbid_entities=True,
+                                      forbid_external=True)
+        builder.parser = parser
+        parser.feed(source)
+        root = parser.close()
+    except PMLSyntaxError:
+        raise
+    except DefusedXmlException as exc:
+        raise PMLSyntaxError(f"{what} uses a refused XML feature ({type(exc).__name__}); "
+                             "remove DTDs and entity declarations") from None
+    except (DET.ParseError, xml.parsers.expat.ExpatError) as exc:
+        line, column = getattr(exc, "position", (None, None))
+        message = str(exc).split(":")[0]
+        raise PMLSyntaxError(f"{what} is not well-formed XML: {message}; check tags and escape < & as &lt; &amp;",
+                             line=line, column=None if column is None else column + 1) from None
+    except (ValueError, RecursionError, OverflowError) as exc:
+        raise PMLSyntaxError(f"{what} could not be parsed: {exc}") from None
+    if root is None:
+        raise PMLSyntaxError(f"{what} has no root element; expected <{what}>")
+    return root

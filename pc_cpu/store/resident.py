@@ -1,0 +1,73 @@
+"""Tier 0: which library sequence of the context holds each encoded module.
+
+Sequence ids are a budget (at most 256 per context), so modules whose positions
+do not overlap share one "library" sequence: a later seq_cp takes a position
+range, so each module's cells can still be shared on their own. Union members
+overlap by design and land in different library sequences. This class is pure
+bookkeeping, testable without a model; the engine does the llama.cpp calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pc_cpu.errors import SequenceBudgetError
+
+ModuleKey = tuple[str, str]  # (schema name, module name)
+Interval = tuple[int, int]  # positions [start, end)
+
+
+@dataclass
+class _Library:
+    seq: int
+    intervals: dict[ModuleKey, tuple[Interval, ...]] = field(default_factory=dict)
+
+    def overlaps(self, wanted: tuple[Interval, ...]) -> bool:
+        return any(a < d and c < b for held in self.intervals.values() for (a, b) in held for (c, d) in wanted)
+
+
+class ResidentTier:
+    """Places modules into library sequences and remembers where each one is."""
+
+    def __init__(self, library_seqs: list[int]):
+        self._libraries = [_Library(seq) for seq in library_seqs]
+        self._where: dict[ModuleKey, _Library] = {}
+        self.cells = 0  # KV cells held by resident modules, kept current on put/remove
+
+    def contains(self, key: ModuleKey) -> bool:
+        return key in self._where
+
+    def get(self, key: ModuleKey) -> int | None:
+        """Returns the library sequence holding `key`, or None."""
+        library = self._where.get(key)
+        return library.seq if library else None
+
+    def put(self, key: ModuleKey, intervals: tuple[Interval, ...]) -> int:
+        """Returns the library sequence chosen for a module occupying `intervals` (first fit).
+
+        Raises:
+            SequenceBudgetError: every library sequence already holds cells at those positions.
+        """
+        if key in self._where:
+            raise ValueError(f"module {key} is already resident")
+        for library in self._libraries:
+            if not library.overlaps(intervals):
+                library.intervals[key] = intervals
+                self._where[key] = library
+                self.cells += sum(b - a for a, b in intervals)
+                return library.seq
+        raise SequenceBudgetError(
+            f"no free sequence for module {key[1]!r} of schema {key[0]!r}: {len(self._libraries)} library "
+            "sequences already hold modules at its positions (union members need one each); raise n_seq_max "
+            "or unload a schema")
+
+    def remove(self, key: ModuleKey) -> tuple[int, tuple[Interval, ...]]:
+        """Forgets `key`; returns (sequence, intervals) so the engine can drop those cells."""
+        library = self._where.pop(key)
+        intervals = library.intervals.pop(key)
+        self.cells -= sum(b - a for a, b in intervals)
+        return library.seq, intervals
+
+    def keys(self, schema: str | None = None) -> list[ModuleKey]:
+        """Returns the resident modules, of one schema when given."""
+        return [k for k in self._where if schema is None or k[0] == schema]
