@@ -32,6 +32,7 @@ typedef struct {
     uint64_t row_size;      /* bytes per cell */
     uint32_t el_size;       /* transposed V only, else 0 */
     uint32_t n_embd;        /* transposed V only, else 0 */
+    const uint8_t *header;  /* the record's 12 header bytes inside the blob */
     const uint8_t *data;    /* n_cell * row_size bytes inside the blob */
 } pc_layer;
 
@@ -54,7 +55,7 @@ typedef struct {
     int32_t seq_id;
     uint32_t cell_ext;      /* 1 when cell records carry the ext record */
     uint32_t n_section;
-    uint32_t n_cell_total;  /* over all sections */
+    uint64_t n_cell_total;  /* over all sections */
     pc_section sec[PC_MAX_SECTION];
 } pc_layout;
 

@@ -102,15 +102,16 @@ static size_t section_bytes(const pc_input *ref, uint32_t s, uint32_t total) {
 
 static int check_section(const pc_input *in, size_t n, uint32_t s, size_t *bytes) {
     const size_t ref = first_with_cells(in, n, s);
-    uint32_t total = 0;
+    uint64_t total = 0;
     for (size_t b = 0; b < n; ++b) {
         if (in[b].lay.sec[s].n_cell == 0) continue;
         if (b != ref && !section_same(&in[ref], &in[b], s)) return PC_ERR_MISMATCH;
         total += in[b].lay.sec[s].n_cell;
     }
-    const int rc = positions_disjoint(in, n, s, total);
+    if (total > UINT32_MAX) return PC_ERR_UNSUPPORTED; /* the cell count is a u32 */
+    const int rc = positions_disjoint(in, n, s, (uint32_t) total);
     if (rc != PC_OK) return rc;
-    *bytes += section_bytes(&in[ref == n ? 0 : ref], s, total);
+    *bytes += section_bytes(&in[ref == n ? 0 : ref], s, (uint32_t) total);
     return PC_OK;
 }
 
@@ -122,13 +123,12 @@ static int check_inputs(pc_input *in, size_t n, size_t *need) {
         if ((rc = pc_layout_parse(in[b].blob, in[b].size, &in[b].lay)) != PC_OK) return rc;
     }
     const pc_layout *l0 = &in[0].lay;
-    const size_t ext_ref = first_with_cells(in, n, 0) < n ? first_with_cells(in, n, 0) : 0;
+    size_t ext_ref = 0; /* the ext record is only visible in blobs with cells */
+    while (ext_ref + 1 < n && in[ext_ref].lay.n_cell_total == 0) ++ext_ref;
     for (size_t b = 1; b < n; ++b) {
         const pc_layout *lb = &in[b].lay;
         if (lb->n_section != l0->n_section) return PC_ERR_MISMATCH;
-        /* the ext record is only visible in blobs with cells */
-        if (lb->n_cell_total && in[ext_ref].lay.n_cell_total && lb->cell_ext != in[ext_ref].lay.cell_ext)
-            return PC_ERR_MISMATCH;
+        if (lb->n_cell_total && lb->cell_ext != in[ext_ref].lay.cell_ext) return PC_ERR_MISMATCH;
         for (uint32_t s = 0; s < l0->n_section; ++s) {
             if (lb->sec[s].n_stream != l0->sec[s].n_stream) return PC_ERR_MISMATCH;
         }
@@ -157,14 +157,13 @@ static void next_records(pc_writer *w, pc_input *in, size_t n, size_t ref, uint3
     for (size_t b = 0; b < n; ++b) {
         if (in[b].lay.sec[s].n_cell) pc_layer_read(&in[b].cur, in[b].lay.sec[s].n_cell, tr, &in[b].rec);
     }
-    write_bytes(w, in[ref].cur.data + in[ref].cur.off - PC_LAYER_HEADER_BYTES -
-                   (size_t) in[ref].rec.row_size * in[ref].lay.sec[s].n_cell,
-                PC_LAYER_HEADER_BYTES);
+    write_bytes(w, in[ref].rec.header, PC_LAYER_HEADER_BYTES);
 }
 
-/* One layer's rows: blob 0's cells, then blob 1's, ... */
+/* One layer's rows: blob 0's cells, then blob 1's, ... (empty blobs add nothing) */
 static void write_rows(pc_writer *w, const pc_input *in, size_t n, uint32_t s) {
     for (size_t b = 0; b < n; ++b) {
+        if (in[b].lay.sec[s].n_cell == 0) continue;
         write_bytes(w, in[b].rec.data, (size_t) in[b].rec.row_size * in[b].lay.sec[s].n_cell);
     }
 }
@@ -173,23 +172,16 @@ static void write_rows(pc_writer *w, const pc_input *in, size_t n, uint32_t s) {
 static void write_elements(pc_writer *w, const pc_input *in, size_t n, uint32_t s, uint32_t n_embd) {
     for (uint32_t j = 0; j < n_embd; ++j) {
         for (size_t b = 0; b < n; ++b) {
+            if (in[b].lay.sec[s].n_cell == 0) continue;
             const size_t run = (size_t) in[b].rec.el_size * in[b].lay.sec[s].n_cell;
             write_bytes(w, in[b].rec.data + (size_t) j * run, run);
         }
     }
 }
 
-static void write_section(pc_writer *w, pc_input *in, size_t n, uint32_t s, int32_t seq_id) {
-    const size_t ref = first_with_cells(in, n, s);
-    const pc_section *rs = &in[ref == n ? 0 : ref].lay.sec[s];
-    uint32_t total = 0;
-    for (size_t b = 0; b < n; ++b) total += in[b].lay.sec[s].n_cell;
-    write_u32(w, rs->n_stream);
-    for (uint32_t st = 0; st < rs->n_stream; ++st) write_u32(w, st == rs->stream ? total : 0);
-    if (total == 0) return;
-    /* the cell count of the target stream is followed directly by its cells and data */
-    const size_t tail = (size_t) 4 * (rs->n_stream - 1 - rs->stream);
-    w->off -= tail;
+/* The merged stream of section s: cells, then v_trans, n_layer and every layer record. */
+static void write_stream(pc_writer *w, pc_input *in, size_t n, size_t ref, uint32_t s, int32_t seq_id) {
+    const pc_section *rs = &in[ref].lay.sec[s];
     write_cells(w, in, n, s, seq_id);
     write_u32(w, rs->v_trans);
     write_u32(w, rs->n_layer);
@@ -203,7 +195,20 @@ static void write_section(pc_writer *w, pc_input *in, size_t n, uint32_t s, int3
         if (tr) write_elements(w, in, n, s, in[ref].rec.n_embd);
         else write_rows(w, in, n, s);
     }
-    for (uint32_t st = rs->stream + 1; st < rs->n_stream; ++st) write_u32(w, 0);
+}
+
+/* n_stream, then every stream's cell count; the first non-empty input's stream gets all cells. */
+static void write_section(pc_writer *w, pc_input *in, size_t n, uint32_t s, int32_t seq_id) {
+    const size_t ref = first_with_cells(in, n, s);
+    uint32_t total = 0;
+    for (size_t b = 0; b < n; ++b) total += in[b].lay.sec[s].n_cell;
+    const uint32_t n_stream = in[0].lay.sec[s].n_stream;
+    const uint32_t target = ref < n ? in[ref].lay.sec[s].stream : PC_NO_STREAM;
+    write_u32(w, n_stream);
+    for (uint32_t st = 0; st < n_stream; ++st) {
+        write_u32(w, st == target ? total : 0);
+        if (st == target) write_stream(w, in, n, ref, s, seq_id);
+    }
 }
 
 int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,

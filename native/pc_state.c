@@ -9,6 +9,7 @@ int32_t pc_native_version(void) { return PC_NATIVE_VERSION; }
 int pc_layer_read(pc_reader *r, uint32_t n_cell, uint32_t transposed, pc_layer *out) {
     int rc;
     memset(out, 0, sizeof *out);
+    out->header = r->data + r->off;
     if ((rc = pc_read_i32(r, &out->type)) != PC_OK) return rc;
     if (!transposed) {
         if ((rc = pc_read_u64(r, &out->row_size)) != PC_OK) return rc;

@@ -120,6 +120,10 @@ class PromptCache:
                 drop_module(self.ctx, self._resident, key)
             del self._schemas[name]
 
+    def inspect_schema(self, pml: str) -> Layout:
+        """Returns the layout of a schema without loading or encoding it."""
+        return build_layout(parse_schema(pml), self.model, self.markup)
+
     def layout(self, name: str) -> Layout:
         """Returns the layout of a loaded schema."""
         return self._loaded(name).layout

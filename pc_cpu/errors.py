@@ -77,3 +77,16 @@ class CompileError(PromptCacheError):
         where = f"{filename or '<unknown>'}:{line}: " if line is not None else (
             f"{filename}: " if filename else "")
         super().__init__(where + message)
+
+
+class StateBlobError(PromptCacheError):
+    """A llama.cpp sequence-state blob is malformed, or cannot be spliced or relocated.
+
+    ``code`` names the problem with the same word in the numpy and the native implementation
+    (the pc_status names of native/pc_state.h: "truncated", "bad_magic", "unsupported",
+    "argument", "corrupt", "mismatch", "overlap", "capacity", "nomem").
+    """
+
+    def __init__(self, message: str, *, code: str):
+        super().__init__(message)
+        self.code = code

@@ -16,7 +16,7 @@ prompt that imports the modules those arguments select:
             case "Tokyo":
                 "Tokyo has temples. "
         if budget:
-            money(budget)
+            money(budget)  # money: a @prompt_program(params={"amount": 4}) of its own
 
     trip.schema_pml
     # <schema name="trip"><system>You are a travel planner. </system>
@@ -27,12 +27,14 @@ prompt that imports the modules those arguments select:
     # (one line; broken here for reading)
     trip("3 days", "Paris", budget="500").with_user("Where can I surf?")
     # <prompt schema="trip"><trip-duration duration="3 days"/><trip-city-paris/>
-    # <trip-budget><money amount="500"/></trip-budget><user>Where can I surf?</user></prompt>
+    # <trip-budget><money amount="500"/></trip-budget>
+    # <user>Where can I surf?</user></prompt>
 
 Statements and what they become:
-- a string literal: text, exactly as written. Nothing is inserted between statements, so put
-  the spaces and newlines you want inside the strings. As in Python, a string that is the
-  first statement of the function is its docstring and is ignored.
+- a string literal: text, exactly as written (escaped for XML; newlines as `&#10;`). Nothing
+  is inserted between statements, so put the spaces and newlines you want inside the strings.
+  As in Python, a string that is the first statement of the function is its docstring and is
+  ignored (a program with no other text is refused, saying so).
 - an f-string whose placeholders are bare names of parameters declared in `params`:
   text with `<param name=... len=...>` at each placeholder (len from the decorator).
   Conversions (`!r`) and format specs are refused. A param is an argument slot of its
@@ -74,8 +76,10 @@ Naming (deterministic: the same source gives the same schema):
 Prompt building:
 - `program(*args, **kwargs)` binds the arguments to the function's signature (defaults
   apply; a missing argument raises PromptError) and returns a CompiledPrompt.
-- a param argument is written with `str()`; `None` leaves the param out of the import, so
-  the schema's placeholder tokens stay. Conditions use Python truthiness and `==`.
+- a param argument is written with `str()`. Every param of an imported module needs one
+  (pc_cpu.pml.plan requires it), so `None` for a param of a module being imported raises
+  PromptError; put such text under `if p:` to make it optional. Conditions use Python
+  truthiness and `==`.
 - `CompiledPrompt.with_user(text)` returns the prompt with an uncached `<user>` turn
   appended after the imports (call it again for more turns). A CompiledPrompt is a str (the
   prompt PML) with `.schema_pml` and `.schema_name`, so an engine can load the schema first.
@@ -96,7 +100,7 @@ import textwrap
 import unicodedata
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping
 from xml.sax.saxutils import escape, quoteattr
 
 from pc_cpu.errors import CompileError, PromptError
@@ -175,7 +179,7 @@ class NestedCall:
 class ModuleNode:
     name: str
     children: tuple["Node", ...]
-    # None: imported whenever its parent is; inside a Union, None marks the else branch.
+    # None: imported whenever its parent is; in a UnionNode, None marks the else branch.
     condition: Condition | None = None
     # Set for a nested program: conditions and params below see the callee's arguments.
     call: NestedCall | None = None
@@ -192,7 +196,7 @@ class RoleNode:
     children: tuple["Node", ...]
 
 
-Node = Union[TextNode, ParamNode, ModuleNode, UnionNode, RoleNode]
+Node = TextNode | ParamNode | ModuleNode | UnionNode | RoleNode
 
 
 @dataclass(frozen=True)
@@ -272,8 +276,8 @@ class PromptProgram:
         compiler = _BodyCompiler(self, _NameRegistry(), active=())
         children = compiler.compile_body(in_module=None)
         if not children:
-            raise self.source.error(self.source.function, f"prompt program {self.name!r} has no text; note that "
-                                    "a string that is the first statement is the docstring, not text")
+            raise self._source.error(self._source.function, f"prompt program {self.name!r} has no text; "
+                                     "note that a string that is the first statement is the docstring")
         return CompiledSchema(self.name, children)
 
     @functools.cached_property
@@ -282,7 +286,7 @@ class PromptProgram:
         return render_schema(self.schema)
 
     @functools.cached_property
-    def source(self) -> "_ProgramSource":
+    def _source(self) -> "_ProgramSource":
         return _load_source(self)
 
     def bind_arguments(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -320,6 +324,9 @@ def prompt_program(function: Callable[..., Any] | None = None, *, params: Mappin
     def decorate(func: Callable[..., Any]) -> PromptProgram:
         return PromptProgram(func, params or {}, name)
 
+    if function is not None and not callable(function):
+        raise TypeError(f"prompt_program takes a function; pass params as a keyword: "
+                        f"@prompt_program(params={function!r})")
     return decorate(function) if function is not None else decorate
 
 
@@ -395,7 +402,8 @@ def _load_source(program: PromptProgram) -> _ProgramSource:
         filename = inspect.getsourcefile(function) or "<unknown>"
     except (OSError, TypeError) as exc:
         raise CompileError(f"prompt program {program.name!r}: cannot read the source of "
-                           f"{getattr(function, '__qualname__', function)!r} ({exc}); define it in a .py file") from None
+                           f"{getattr(function, '__qualname__', function)!r} ({exc}); "
+                           "define it in a .py file") from None
     tree, offset = _parse_indented("".join(lines))
     definition = tree.body[0] if tree.body else None
     if offset:  # parsed inside a wrapper `if True:` block
@@ -443,11 +451,11 @@ class _NameRegistry:
 class _BodyCompiler:
     """Compiles one program's body; a nested program gets its own compiler sharing the names."""
 
-    def __init__(self, program: PromptProgram, names: _NameRegistry, active: tuple[str, ...]):
+    def __init__(self, program: PromptProgram, names: _NameRegistry, active: tuple[PromptProgram, ...]):
         self.program = program
-        self.source = program.source
+        self.source = program._source
         self.names = names
-        self.active = active + (program.name,)  # programs being compiled, to refuse recursion
+        self.active = active + (program,)  # programs being compiled, to refuse recursion
 
     def compile_body(self, *, in_module: str | None) -> tuple[Node, ...]:
         return self.block(self.source.body(), _Scope(in_module))
@@ -639,9 +647,10 @@ class _BodyCompiler:
 
     def nested_call(self, call: ast.Call, scope: _Scope) -> ModuleNode:
         callee = self.resolve_callee(call)
-        if callee.name in self.active:
-            raise self.source.error(call, f"prompt program {callee.name!r} calls itself (through "
-                                          f"{' -> '.join(self.active)}); recursion cannot be compiled")
+        if any(callee is caller for caller in self.active):
+            chain = " -> ".join(p.name for p in (*self.active, callee))
+            raise self.source.error(call, f"prompt program {callee.name!r} calls itself ({chain}); recursion "
+                                          "cannot be compiled")
         if callee.name in RESERVED_NAMES:
             raise self.source.error(call, f"prompt program {callee.name!r} cannot be a module: {callee.name!r} "
                                           "is a reserved PML name; pass name=... to its @prompt_program")
@@ -685,7 +694,8 @@ class _BodyCompiler:
 
     def check_binds(self, nested: NestedCall, call: ast.Call) -> None:
         if any(key is None for key, _ in nested.keywords):
-            raise self.source.error(call, f"`{ast.unparse(call)}`: **kwargs cannot be compiled; name each argument")
+            raise self.source.error(call, f"`{ast.unparse(call)}`: **kwargs cannot be compiled; name each "
+                                          "argument")
         try:
             nested.program.signature.bind(*nested.positional, **dict(nested.keywords))
         except TypeError as exc:
@@ -730,8 +740,11 @@ def _role_of(node: ast.With) -> str | None:
     marker = node.items[0].context_expr
     if isinstance(marker, ast.Call) and not marker.args and not marker.keywords:
         marker = marker.func
-    name = marker.id if isinstance(marker, ast.Name) else marker.attr if isinstance(marker, ast.Attribute) else None
-    return name if name in ROLES else None
+    if isinstance(marker, ast.Name):
+        return marker.id if marker.id in ROLES else None
+    if isinstance(marker, ast.Attribute):
+        return marker.attr if marker.attr in ROLES else None
+    return None
 
 
 def _is_string_statement(node: ast.stmt) -> bool:
@@ -830,14 +843,18 @@ def _selected(module: ModuleNode, arguments: Mapping[str, Any]) -> bool:
 def _import_module(module: ModuleNode, arguments: Mapping[str, Any]) -> str:
     own_arguments = module.call.bind(arguments) if module.call is not None else arguments
     attributes = "".join(f" {param.name}={quoteattr(_argument_text(module, param, own_arguments))}"
-                         for param in module.children
-                         if isinstance(param, ParamNode) and own_arguments[param.name] is not None)
+                         for param in module.children if isinstance(param, ParamNode))
     inner = render_imports(module.children, own_arguments)
     return f"<{module.name}{attributes}>{inner}</{module.name}>" if inner else f"<{module.name}{attributes}/>"
 
 
 def _argument_text(module: ModuleNode, param: ParamNode, arguments: Mapping[str, Any]) -> str:
-    text = str(arguments[param.name])
+    value = arguments[param.name]
+    if value is None:
+        raise PromptError(f"param {param.name!r} of module {module.name!r} got None; an imported module needs "
+                          f"every argument: pass {param.name}=..., or put the text under `if {param.name}:` "
+                          "in the program to make it optional")
+    text = str(value)
     _check_xml_chars(text, what=f"argument of param {param.name!r} in module {module.name!r}")
     return text
 

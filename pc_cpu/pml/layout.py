@@ -8,7 +8,10 @@ starts, and the union reserves its longest member; a param reserves `len`
 positions. All ranges are half-open, [start, end).
 
 The anonymous text outside any module belongs to a pseudo-module named ROOT,
-which every prompt includes.
+which every prompt includes. ROOT text before the first module (BOS, system
+message) is the preamble and is cached; ROOT text after a module (role markup,
+closing instructions) is computed in each prompt, so that it attends to the
+modules that prompt imported. Wrap such text in a module to cache it instead.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ class Layout:
     scaffolds: Mapping[str, ScaffoldLayout]
     nodes: tuple[NodeLayout, ...]
     uses_roles: bool
+    preamble_end: int  # where the first module starts; ROOT text from here on is computed per prompt
 
     def module(self, name: str) -> ModuleLayout:
         """Returns the named module's layout; raises PromptError naming the known modules."""
@@ -138,10 +142,19 @@ class Layout:
             parent = self.modules[parent].parent
         return chain[::-1]
 
+    def is_cached(self, module: str, piece: Piece) -> bool:
+        """Returns True when `piece` of `module` comes from an encoding (else each prompt computes it)."""
+        return piece.param is None and (module != ROOT or piece.start < self.preamble_end)
+
+    def cached_runs(self, name: str) -> tuple[Run, ...]:
+        """Returns the runs of `name` that are encoded once and shared (ROOT: only the preamble)."""
+        runs = self.modules[name].runs()
+        return runs if name != ROOT else tuple(r for r in runs if r.start < self.preamble_end)
+
     @property
     def cached_cells(self) -> int:
         """Number of KV cells needed to hold every module's own encoding."""
-        return sum(m.n_tokens for m in self.modules.values())
+        return sum(len(r.tokens) for name in self.modules for r in self.cached_runs(name))
 
 
 @dataclass
@@ -174,11 +187,13 @@ class _LayoutBuilder:
             self.add_text_tokens(root, (self.tokenizer.bos_id,))
         self.walk(self.schema.children, root)
         root.end = self.pos
+        first_module = next((d.start for d in self.drafts.values() if d.name != ROOT), self.pos)
         modules = {name: ModuleLayout(d.name, d.start, d.end, d.parent, d.union, tuple(d.pieces),
                                       tuple(d.children)) for name, d in self.drafts.items()}
         return Layout(schema=self.schema.name, length=self.pos, modules=MappingProxyType(modules),
                       unions=MappingProxyType(self.unions), scaffolds=MappingProxyType(self.scaffolds),
-                      nodes=tuple(sorted(self.nodes, key=lambda n: n.start)), uses_roles=self.schema.uses_roles())
+                      nodes=tuple(sorted(self.nodes, key=lambda n: n.start)), uses_roles=self.schema.uses_roles(),
+                      preamble_end=first_module)
 
     def open_module(self, name: str, *, parent: str | None, union: str | None) -> _Draft:
         draft = _Draft(name, self.pos, parent, union)

@@ -92,7 +92,7 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     text = _free_text_tokens(layout, prompt, tokenizer, markup)
     end = ops[-1].end if ops else 0
     if text:
-        ops.append(DecodeTokens(end, tuple(text), "prompt text"))
+        _append(ops, DecodeTokens(end, tuple(text), "prompt text"))
     ops = _ensure_last_is_decoded(ops)
     modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
     return Plan(layout.schema, tuple(ops), modules)
@@ -151,21 +151,32 @@ def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], tokenizer: 
     pieces = sorted(((p, name) for name in imported for p in layout.modules[name].pieces), key=lambda x: x[0].start)
     ops: list[Op] = []
     for piece, module in pieces:
-        if piece.param is None:
-            last = ops[-1] if ops else None
-            if isinstance(last, CopyCells) and last.module == module and last.end == piece.start:
-                ops[-1] = CopyCells(module, last.start, last.tokens + piece.tokens)
-            else:
-                ops.append(CopyCells(module, piece.start, piece.tokens))
-            continue
-        tokens = tuple(tokenizer.tokenize(imported[module][piece.param], special=False))
-        if len(tokens) > len(piece.tokens):
-            raise ArgumentTooLongError(
-                f"param {piece.param!r} of module {module!r}: argument is {len(tokens)} tokens > "
-                f"len={len(piece.tokens)}; shorten it or raise len in schema {layout.schema!r}")
-        if tokens:
-            ops.append(DecodeTokens(piece.start, tokens, f"argument {piece.param!r} of module {module!r}"))
+        if layout.is_cached(module, piece):
+            _append(ops, CopyCells(module, piece.start, piece.tokens))
+        elif piece.param is None:
+            _append(ops, DecodeTokens(piece.start, piece.tokens, "schema text after a module"))
+        else:
+            tokens = tuple(tokenizer.tokenize(imported[module][piece.param], special=False))
+            if len(tokens) > len(piece.tokens):
+                raise ArgumentTooLongError(
+                    f"param {piece.param!r} of module {module!r}: argument is {len(tokens)} tokens > "
+                    f"len={len(piece.tokens)}; shorten it or raise len in schema {layout.schema!r}")
+            if tokens:
+                _append(ops, DecodeTokens(piece.start, tokens, f"argument {piece.param!r} of module {module!r}"))
     return ops
+
+
+def _append(ops: list[Op], op: Op) -> None:
+    """Appends `op`, merged into the last op when both are contiguous and of one source (fewer calls)."""
+    last = ops[-1] if ops else None
+    if last is not None and last.end == op.start:
+        if isinstance(op, CopyCells) and isinstance(last, CopyCells) and last.module == op.module:
+            ops[-1] = CopyCells(op.module, last.start, last.tokens + op.tokens)
+            return
+        if isinstance(op, DecodeTokens) and isinstance(last, DecodeTokens):
+            ops[-1] = DecodeTokens(last.start, last.tokens + op.tokens, last.what)
+            return
+    ops.append(op)
 
 
 def _free_text_tokens(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> list[int]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from pc_cpu.errors import SchemaError
-from pc_cpu.pml.xmltree import Element, Text, parse_xml
+from pc_cpu.pml.xmltree import Element, Text, parse_xml, restore_newlines
 
 ROLES = ("system", "user", "assistant")
 RESERVED_NAMES = frozenset({"prompt", "schema", "union", "param", "scaffold", *ROLES})
@@ -105,7 +105,7 @@ def normalize_text(text: str) -> str:
     """Returns `text` without XML indentation (see the module docstring)."""
     if not text.strip() and "\n" in text:
         return ""
-    return _TRAILING_INDENT.sub("", _LEADING_INDENT.sub("", text, count=1), count=1)
+    return restore_newlines(_TRAILING_INDENT.sub("", _LEADING_INDENT.sub("", text, count=1), count=1))
 
 
 def check_name(name: str | None, *, what: str, line: int) -> str:

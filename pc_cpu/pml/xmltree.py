@@ -7,6 +7,7 @@ count and text size: a PML document is a prompt, not a data dump.
 
 from __future__ import annotations
 
+import re
 import xml.parsers.expat
 from dataclasses import dataclass, field
 
@@ -18,6 +19,17 @@ from pc_cpu.errors import PMLSyntaxError
 MAX_DEPTH = 64
 MAX_ELEMENTS = 100_000
 MAX_TEXT_CHARS = 16 * 1024 * 1024  # characters of text in one document
+
+# A written newline (&#10;) must survive the trimming of XML indentation, but expat
+# turns it into "\n" before we see it. So it is swapped for this private-use
+# character before parsing; text consumers turn it back (see restore_newlines).
+KEPT_NEWLINE = "\ue000"
+_NEWLINE_REF = re.compile(r"&#(?:10|x0*[aA]);")
+
+
+def restore_newlines(text: str) -> str:
+    """Returns `text` with every written &#10; back as a newline."""
+    return text.replace(KEPT_NEWLINE, "\n")
 
 
 @dataclass
@@ -66,7 +78,7 @@ class _Builder:
             raise PMLSyntaxError(f"more than {MAX_ELEMENTS} elements; split the document", line=line)
         if len(self.stack) >= MAX_DEPTH:
             raise PMLSyntaxError(f"elements nested deeper than {MAX_DEPTH}; flatten the document", line=line)
-        element = Element(tag, dict(attrs), line, column)
+        element = Element(tag, {k: restore_newlines(v) for k, v in attrs.items()}, line, column)
         if self.stack:
             self.stack[-1].children.append(element)
         else:
@@ -116,7 +128,7 @@ def parse_xml(source: str | bytes, *, what: str) -> Element:
         parser = DET.DefusedXMLParser(target=builder, forbid_dtd=True, forbid_entities=True,
                                       forbid_external=True)
         builder.parser = parser
-        parser.feed(source)
+        parser.feed(_NEWLINE_REF.sub(KEPT_NEWLINE, source))
         root = parser.close()
     except PMLSyntaxError:
         raise

@@ -1,0 +1,235 @@
+"""ctypes binding to libpc_native, the C twin of :mod:`pc_cpu.store.state_blob`.
+
+The library is looked for next to the package's modules (``pc_cpu/libpc_native.so``,
+``.dylib`` or ``pc_native.dll``; scikit-build installs it there). When it is absent or
+reports another ABI version, :func:`available` is False and callers use the numpy
+implementation, which produces the same bytes. Both expose ``scan``, ``splice_size``,
+``splice`` and ``relocate`` with the same signatures, results and ``StateBlobError.code``:
+
+    impl = native if native.available() else state_blob
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from pc_cpu.errors import StateBlobError
+from pc_cpu.store.state_blob import BlobLike, RopeParams, StateBlobInfo
+
+log = logging.getLogger(__name__)
+
+ABI_VERSION = 1  # PC_NATIVE_VERSION in native/pc_state.h
+_LIB_NAMES = ("libpc_native.so", "libpc_native.dylib", "pc_native.dll")
+_INT32 = (-2**31, 2**31 - 1)
+
+# pc_status -> StateBlobError.code and the sentence that explains it.
+_STATUS = {
+    -1: ("truncated", "state blob truncated: it ends before a field it declares; was it cut short?"),
+    -2: ("bad_magic", "not a llama.cpp sequence state: wrong magic number"),
+    -3: ("unsupported", "layout not supported: a whole-cache state, cells in several streams, "
+                        "more than 2**32 cells, or (to relocate) quantized K, several KV caches "
+                        "or M-RoPE ext records"),
+    -4: ("argument", "invalid argument: a NULL buffer, a rope that does not fit the K rows, or a "
+                     "position moved outside 0..2**31-1"),
+    -5: ("corrupt", "state blob corrupt: a field holds an impossible value (negative position, "
+                    "several sequence ids per cell, unknown type) or bytes follow the last cache"),
+    -6: ("mismatch", "cannot splice: the blobs differ in layout (model, cache types, n_seq_max, "
+                     "kv_unified or flash attention); splice blobs of identically configured contexts"),
+    -7: ("overlap", "cannot splice: two cells share a position; spliced modules need disjoint "
+                    "positions"),
+    -8: ("capacity", "output buffer too small for the spliced blob"),
+    -9: ("nomem", "pc_native could not allocate temporary memory"),
+}
+
+
+class _Info(ctypes.Structure):
+    """pc_state_info."""
+
+    _fields_ = [
+        ("seq_id", ctypes.c_int32), ("n_section", ctypes.c_uint32), ("n_stream", ctypes.c_uint32),
+        ("n_cell", ctypes.c_uint32), ("pos_min", ctypes.c_int32), ("pos_max", ctypes.c_int32),
+        ("cell_ext", ctypes.c_uint32), ("v_trans", ctypes.c_uint32), ("n_layer", ctypes.c_uint32),
+        ("k_type", ctypes.c_int32), ("v_type", ctypes.c_int32),
+        ("k_row_size", ctypes.c_uint64), ("v_row_size", ctypes.c_uint64),
+    ]
+
+
+class _Rope(ctypes.Structure):
+    """pc_rope_params."""
+
+    _fields_ = [
+        ("n_rot", ctypes.c_int32), ("mode", ctypes.c_int32), ("n_head_kv", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32), ("freq_base", ctypes.c_float), ("freq_scale", ctypes.c_float),
+    ]
+
+
+_u8p = ctypes.POINTER(ctypes.c_uint8)
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    # int32_t pc_native_version(void);
+    lib.pc_native_version.argtypes = []
+    lib.pc_native_version.restype = ctypes.c_int32
+    # int pc_state_scan(const uint8_t *blob, size_t size, pc_state_info *out);
+    lib.pc_state_scan.argtypes = [_u8p, ctypes.c_size_t, ctypes.POINTER(_Info)]
+    lib.pc_state_scan.restype = ctypes.c_int
+    # int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
+    #                          size_t *out_size);
+    lib.pc_state_splice_size.argtypes = [ctypes.POINTER(_u8p), ctypes.POINTER(ctypes.c_size_t),
+                                         ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    lib.pc_state_splice_size.restype = ctypes.c_int
+    # int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
+    #                     uint8_t *out, size_t out_capacity, size_t *out_size);
+    lib.pc_state_splice.argtypes = [ctypes.POINTER(_u8p), ctypes.POINTER(ctypes.c_size_t),
+                                    ctypes.c_size_t, _u8p, ctypes.c_size_t,
+                                    ctypes.POINTER(ctypes.c_size_t)]
+    lib.pc_state_splice.restype = ctypes.c_int
+    # int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope);
+    lib.pc_state_relocate.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope)]
+    lib.pc_state_relocate.restype = ctypes.c_int
+
+
+def library_path() -> Path | None:
+    """The library file next to the pc_cpu package, or None."""
+    package_dir = Path(__file__).resolve().parent.parent
+    return next((package_dir / n for n in _LIB_NAMES if (package_dir / n).is_file()), None)
+
+
+@lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL | None:
+    path = library_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        _bind(lib)
+    except (OSError, AttributeError) as e:
+        log.warning("pc_native at %s cannot be loaded (%s); using numpy", path, e)
+        return None
+    version = lib.pc_native_version()
+    if version != ABI_VERSION:
+        log.warning("pc_native at %s has ABI %d, pc_cpu needs %d; rebuild it. Using numpy",
+                    path, version, ABI_VERSION)
+        return None
+    return lib
+
+
+def available() -> bool:
+    """True when the native library is present, loadable and of the right ABI version."""
+    return _lib() is not None
+
+
+def _require() -> ctypes.CDLL:
+    lib = _lib()
+    if lib is None:
+        raise StateBlobError("pc_native is not available; use pc_cpu.store.state_blob",
+                             code="unsupported")
+    return lib
+
+
+def _error(status: int, context: str = "") -> StateBlobError:
+    code, sentence = _STATUS.get(status, ("corrupt", f"pc_native returned unknown status {status}"))
+    return StateBlobError(f"{context}{sentence} (pc_status {status})", code=code)
+
+
+def _pointer(blob: BlobLike) -> tuple[np.ndarray, ctypes.POINTER]:
+    """A read pointer into blob without copying; keep the array alive during the call."""
+    try:
+        arr = np.frombuffer(blob, dtype=np.uint8)
+    except (TypeError, ValueError):
+        raise StateBlobError(f"state blob must be contiguous bytes, not {type(blob).__name__}",
+                             code="argument") from None
+    if arr.size == 0:
+        arr = np.zeros(1, np.uint8)[:0]  # a valid address for a 0-byte blob
+    return arr, arr.ctypes.data_as(_u8p)
+
+
+def scan(blob: BlobLike) -> StateBlobInfo:
+    """Validates a blob and describes it; see :func:`pc_cpu.store.state_blob.scan`."""
+    lib = _require()
+    arr, ptr = _pointer(blob)
+    info = _Info()
+    status = lib.pc_state_scan(ptr, arr.size, ctypes.byref(info))
+    if status:
+        raise _error(status)
+    return StateBlobInfo(
+        seq_id=info.seq_id, n_section=info.n_section, n_stream=info.n_stream, n_cell=info.n_cell,
+        pos_min=info.pos_min, pos_max=info.pos_max, cell_ext=bool(info.cell_ext),
+        v_trans=bool(info.v_trans), n_layer=info.n_layer, k_type=info.k_type,
+        v_type=info.v_type, k_row_size=info.k_row_size, v_row_size=info.v_row_size)
+
+
+def _splice_args(blobs: Sequence[BlobLike]) -> tuple[list[np.ndarray], ctypes.Array, ctypes.Array]:
+    arrays, ptrs = zip(*(_pointer(b) for b in blobs)) if len(blobs) else ((), ())
+    return list(arrays), (_u8p * len(blobs))(*ptrs), (ctypes.c_size_t * len(blobs))(*(a.size for a in arrays))
+
+
+def _splice_error(lib: ctypes.CDLL, status: int, blobs: Sequence[BlobLike]) -> StateBlobError:
+    """Names the blob at fault when the status comes from parsing one blob."""
+    if _STATUS.get(status, ("",))[0] in ("truncated", "bad_magic", "corrupt", "unsupported"):
+        for i, blob in enumerate(blobs):
+            arr, ptr = _pointer(blob)
+            if lib.pc_state_scan(ptr, arr.size, ctypes.byref(_Info())) == status:
+                return _error(status, f"blob {i} of {len(blobs)}: ")
+    return _error(status)
+
+
+def splice_size(blobs: Sequence[BlobLike]) -> int:
+    """Bytes of ``splice(blobs)``; see :func:`pc_cpu.store.state_blob.splice_size`."""
+    lib = _require()
+    arrays, ptrs, sizes = _splice_args(blobs)
+    need = ctypes.c_size_t(0)
+    status = lib.pc_state_splice_size(ptrs, sizes, len(blobs), ctypes.byref(need))
+    if status:
+        raise _splice_error(lib, status, blobs)
+    return need.value
+
+
+def splice(blobs: Sequence[BlobLike]) -> bytearray:
+    """Merges blobs into one restore blob; see :func:`pc_cpu.store.state_blob.splice`."""
+    lib = _require()
+    arrays, ptrs, sizes = _splice_args(blobs)
+    need = ctypes.c_size_t(0)
+    status = lib.pc_state_splice_size(ptrs, sizes, len(blobs), ctypes.byref(need))
+    if status:
+        raise _splice_error(lib, status, blobs)
+    out = bytearray(need.value)
+    dst = (ctypes.c_uint8 * len(out)).from_buffer(out)
+    status = lib.pc_state_splice(ptrs, sizes, len(blobs), dst, len(out), ctypes.byref(need))
+    del dst  # release the export so the bytearray stays resizable
+    if status:
+        raise _splice_error(lib, status, blobs)
+    return out
+
+
+def _rope_struct(rope: RopeParams) -> _Rope:
+    # An int that does not fit int32 becomes -1, which the C library refuses as PC_ERR_ARGUMENT
+    # at the same step where the numpy implementation refuses the original value.
+    ints = (rope.n_rot, int(rope.mode), rope.n_head_kv, rope.head_dim)
+    ints = tuple(v if _INT32[0] <= v <= _INT32[1] else -1 for v in ints)
+    return _Rope(*ints, rope.freq_base, rope.freq_scale)
+
+
+def relocate(blob: BlobLike, delta: int, rope: RopeParams) -> bytearray:
+    """Moves a blob's cells by delta; see :func:`pc_cpu.store.state_blob.relocate`."""
+    lib = _require()
+    if not _INT32[0] <= delta <= _INT32[1]:
+        raise StateBlobError(f"cannot relocate: delta {delta} is not an int32", code="argument")
+    try:
+        out = bytearray(memoryview(blob))
+    except TypeError:
+        raise StateBlobError(f"state blob must be bytes-like, not {type(blob).__name__}",
+                             code="argument") from None
+    c_rope = _rope_struct(rope) if isinstance(rope, RopeParams) else None  # NULL: refused
+    buf = (ctypes.c_uint8 * max(len(out), 1)).from_buffer(out if out else bytearray(1))
+    status = lib.pc_state_relocate(buf, len(out), delta, ctypes.byref(c_rope) if c_rope else None)
+    del buf  # release the export so the bytearray stays resizable
+    if status:
+        raise _error(status, "cannot relocate: ")
+    return out

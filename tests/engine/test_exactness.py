@@ -1,0 +1,82 @@
+"""Cached equals fresh where the math says it must: a module at its real position, with its real context.
+
+Comparisons use like cell layouts (a fresh context for the baseline), see DESIGN.md §6.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pc_cpu.cache import PROMPT_SEQ
+
+DOC = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, trimmed the wick, "
+       "polished the great lens and wrote the weather into a leather book.")
+PLAIN_SCHEMA = f'<schema name="s"><module name="doc">{DOC}</module><module name="other">Unrelated words.</module></schema>'
+CHAT_SCHEMA = (f'<schema name="c"><system>You answer briefly.</system><user><module name="doc">{DOC}</module>'
+               '</user></schema>')
+
+
+def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool) -> np.ndarray:
+    cache.load_schema(schema, encode=use_cache)
+    plan = cache.plan(prompt)
+    cache.prefill(plan, use_cache=use_cache)
+    logits = cache.ctx.logits()
+    cache.ctx.seq_rm(PROMPT_SEQ)
+    return logits
+
+
+def test_module_at_position_zero_gives_the_full_prefill_logits(make_cache):
+    prompt = '<prompt schema="s"><doc/> What did the keeper polish?</prompt>'
+    cached = prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, use_cache=True)
+    baseline = prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, use_cache=False)
+    assert np.abs(cached - baseline).max() == 0.0
+
+
+def test_module_only_prompt_matches_the_full_prefill(make_cache):
+    # Every token is cached, so the last one is recomputed alone to get logits. The math is the
+    # same, but llama.cpp multiplies a one-token batch with a different kernel than a long batch,
+    # which rounds differently (measured ~1e-6): equal greedy tokens, logits to float32 noise.
+    prompt = '<prompt schema="s"><doc/></prompt>'
+    cached = prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, use_cache=True)
+    baseline = prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, use_cache=False)
+    assert np.abs(cached - baseline).max() < 1e-4
+    assert cached.argmax() == baseline.argmax()
+
+
+def test_module_at_position_zero_gives_the_baseline_greedy_tokens(make_cache):
+    prompt = '<prompt schema="s"><doc/> What did the keeper polish?</prompt>'
+    cache, fresh = make_cache(), make_cache()
+    cache.load_schema(PLAIN_SCHEMA)
+    fresh.load_schema(PLAIN_SCHEMA, encode=False)
+    cached = cache.generate(prompt, max_tokens=12)
+    baseline = fresh.generate(prompt, max_tokens=12, use_cache=False)
+    assert cached.token_ids == baseline.token_ids
+    assert len(cached.token_ids) == 12
+    assert cached.cached_tokens > 0 and baseline.cached_tokens == 0
+
+
+def test_module_after_the_preamble_is_exact_in_preamble_mode(make_cache):
+    prompt = '<prompt schema="c"><doc/><user>What did the keeper polish?</user></prompt>'
+    cached = prefill_logits(make_cache(), CHAT_SCHEMA, prompt, use_cache=True)
+    baseline = prefill_logits(make_cache(), CHAT_SCHEMA, prompt, use_cache=False)
+    assert np.abs(cached - baseline).max() == 0.0
+
+
+def test_independent_mode_differs_from_the_full_prefill_after_a_preamble(make_cache):
+    # The module no longer sees the system message, so its cells (and the logits) change.
+    prompt = '<prompt schema="c"><doc/><user>What did the keeper polish?</user></prompt>'
+    cached = prefill_logits(make_cache(encoding="independent"), CHAT_SCHEMA, prompt, use_cache=True)
+    baseline = prefill_logits(make_cache(), CHAT_SCHEMA, prompt, use_cache=False)
+    assert np.abs(cached - baseline).max() > 0.0
+
+
+def test_baseline_in_the_same_context_matches_a_fresh_one(make_cache):
+    # With module cells resident elsewhere in the cache, the baseline must still be a plain prefill.
+    prompt = '<prompt schema="s"><doc/> What did the keeper polish?</prompt>'
+    busy = make_cache()
+    busy.load_schema(PLAIN_SCHEMA)
+    in_busy = busy.generate(prompt, max_tokens=8, use_cache=False)
+    fresh = make_cache()
+    fresh.load_schema(PLAIN_SCHEMA, encode=False)
+    assert in_busy.token_ids == fresh.generate(prompt, max_tokens=8, use_cache=False).token_ids
