@@ -118,7 +118,8 @@ PC_API int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, siz
  * PC_ERR_ARGUMENT for a NULL or invalid rope, rope sizes that do not match a layer's K row, or
  * a position leaving [0, INT32_MAX]; PC_ERR_UNSUPPORTED for another K type, a blob with an ext
  * record (M-RoPE) or more than one section (iswa caches rotate with different bases).
- * delta == 0 validates and changes nothing. */
+ * A NaN produced by the rotation is written as the canonical quiet NaN (F32 0x7fc00000,
+ * F16 0x7e00). delta == 0 validates and changes nothing. */
 PC_API int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope);
 
 #endif

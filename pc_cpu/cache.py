@@ -26,7 +26,7 @@ from pc_cpu.engine.model import Model
 from pc_cpu.engine.sampler import Sampler, SamplingParams
 from pc_cpu.errors import ContextOverflowError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.pml.encoding import check_mode
+from pc_cpu.pml.encoding import check_mode, check_scaffolds, scaffold_cells, scratch_cells
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
@@ -105,6 +105,7 @@ class PromptCache:
                 if loaded is not None:
                     self.unload_schema(schema.name)
                 layout = build_layout(schema, self.model, self.markup)
+                check_scaffolds(layout)
                 self._check_fits(layout)
                 loaded = LoadedSchema(schema, layout)
                 self._schemas[schema.name] = loaded
@@ -149,9 +150,11 @@ class PromptCache:
             raise ContextOverflowError(f"schema {layout.schema!r} spans {layout.length} positions but the context "
                                        f"has {self.ctx.n_ctx}; raise n_ctx or split the schema")
         free = self.ctx.n_ctx - self._resident.cells
-        if layout.cached_cells + layout.length > free:
+        kept = layout.cached_cells + scaffold_cells(layout)
+        needed = kept + scratch_cells(layout, self.encoding)
+        if needed > free:
             raise ContextOverflowError(
-                f"schema {layout.schema!r} needs {layout.cached_cells} KV cells (plus room to encode), but only "
+                f"schema {layout.schema!r} needs {needed} KV cells to encode ({kept} kept), but only "
                 f"{free} of {self.ctx.n_ctx} are free; raise n_ctx or unload a schema")
 
     # --- prompts ------------------------------------------------------------
@@ -184,7 +187,7 @@ class PromptCache:
         if use_cache:
             layout = self.layout(plan.schema)
             encode_schema(self.ctx, layout, self._resident, mode=self.encoding, scratch=SCRATCH_SEQ)
-            assemble(self.ctx, plan, PROMPT_SEQ, lambda module: self._resident.get((plan.schema, module)))
+            assemble(self.ctx, plan, PROMPT_SEQ, lambda encoding: self._resident.get((plan.schema, encoding)))
             return plan.end
         tokens = plan.tokens
         self.ctx.seq_rm(PROMPT_SEQ)

@@ -97,11 +97,13 @@ def inspect(schema, model, as_json, verbose):
 
     Example: pc-cpu inspect trip.pml --json
     """
-    from pc_cpu.inspect import layout_json, layout_table
+    from pc_cpu.inspect import kv_bytes_per_token, layout_json, layout_table
 
     with _open_cache(model, 512, 1, "preamble", verbose) as pc:
         layout = pc.inspect_schema(_read_source(schema, "schema"))
-    click.echo(json.dumps(layout_json(layout)) if as_json else layout_table(layout))
+        info = pc.model.info
+    bytes_per_token = kv_bytes_per_token(info.n_layer, info.n_head_kv, info.n_embd_head)
+    click.echo(json.dumps(layout_json(layout)) if as_json else layout_table(layout, bytes_per_token))
 
 
 @cli.command()

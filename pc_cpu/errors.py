@@ -90,3 +90,23 @@ class StateBlobError(PromptCacheError):
     def __init__(self, message: str, *, code: str):
         super().__init__(message)
         self.code = code
+
+
+class StoreError(PromptCacheError):
+    """The module store cannot keep an entry (too large for a tier's budget, disk not writable)."""
+
+
+class EntryTooLargeError(StoreError):
+    """An entry is larger than a tier's whole byte budget, so that tier refuses it."""
+
+
+class CorruptEntryError(StoreError):
+    """A store file is truncated, corrupted, of another format version, or holds another key.
+
+    The disk store never lets this escape from `get`: it logs one warning, deletes the file and
+    reports a miss, so the engine re-encodes the module. ``reason`` is a short phrase for listings.
+    """
+
+    def __init__(self, message: str, *, reason: str):
+        super().__init__(message)
+        self.reason = reason

@@ -10,12 +10,15 @@ from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 
 
 def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int]) -> None:
-    """Fills the empty sequence `seq` with the plan's cells; the last op's logits are then ready."""
+    """Fills the empty sequence `seq` with the plan's cells; the last op's logits are then ready.
+
+    `library_of` maps an encoding name (a module, or "scaffold:<name>") to the sequence holding it.
+    """
     ctx.seq_rm(seq)
     last = len(plan.ops) - 1
     for i, op in enumerate(plan.ops):
         if isinstance(op, CopyCells):
-            ctx.seq_cp(library_of(op.module), seq, op.start, op.end)
+            ctx.seq_cp(library_of(op.encoding), seq, op.start, op.end)
         else:
             decode_at(ctx, seq, op, want_logits=i == last)
 

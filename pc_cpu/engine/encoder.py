@@ -1,11 +1,11 @@
-"""Encodes a schema's modules into resident library sequences (tier 0)."""
+"""Encodes a schema's modules, and its scaffolds jointly, into resident library sequences (tier 0)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.pml.encoding import encode_jobs
+from pc_cpu.pml.encoding import ScaffoldJob, encode_jobs, scaffold_jobs
 from pc_cpu.pml.layout import Layout
 from pc_cpu.store.resident import ResidentTier
 
@@ -35,24 +35,86 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
             ctx.seq_rm(scratch)
 
 
+def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int,
+                    library_of: Callable[[str], int | None]) -> None:
+    """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
+
+    The runs are decoded back to back in the empty `scratch` sequence after the
+    first member's context (llama.cpp needs consecutive positions), then each
+    later run is moved forward to its layout position with seq_add. Only scratch
+    holds those cells at that point, so moving them moves nobody else's. The move
+    re-rotates K lazily, at the next llama_decode; seq_cp shares cells rather than
+    copying them, so the library gets the move too, and `_apply_pending_shifts`
+    forces it before this returns (state blobs read later must hold rotated K).
+    """
+    ctx.seq_rm(scratch)
+    moved = False
+    try:
+        sources = [(library_of(m), start, end) for m, start, end in job.shared_context]
+        end = job.runs[0].start + job.n_tokens
+        if sources and all(seq is not None for seq, _, _ in sources):
+            for seq, start, stop in sources:
+                ctx.seq_cp(seq, scratch, start, stop)
+            ctx.decode(job.tokens, range(job.runs[0].start, end), scratch, logits_last=False)
+        else:
+            ctx.decode(job.context + job.tokens, range(job.first_position, end), scratch, logits_last=False)
+        # Last run first: each moves forward onto positions no run still to move occupies.
+        for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
+            if run.start != computed:
+                ctx.seq_add(scratch, computed, computed + len(run.tokens), run.start - computed)
+                moved = True
+        for run in job.runs:
+            ctx.seq_cp(scratch, library, run.start, run.end)
+    finally:
+        ctx.seq_rm(scratch)
+    if moved:
+        _apply_pending_shifts(ctx, scratch)
+
+
+def _apply_pending_shifts(ctx: Context, scratch: int) -> None:
+    """Makes llama.cpp re-rotate K of every moved cell now, by decoding one throwaway token.
+
+    llama.cpp applies seq_add's K-shift at the start of the next llama_decode and
+    has no other public call for it; the token goes into the empty scratch sequence
+    and is dropped at once.
+    """
+    try:
+        ctx.decode([ctx.model.bos_id if ctx.model.bos_id is not None else 0], [0], scratch, logits_last=False)
+    finally:
+        ctx.seq_rm(scratch)
+
+
 def encode_schema(ctx: Context, layout: Layout, resident: ResidentTier, *, mode: str, scratch: int) -> int:
-    """Encodes every module of `layout` not yet resident; returns the number of cells added."""
+    """Encodes every module, then every scaffold, of `layout` not yet resident; returns the cells added.
+
+    A scaffold's joint encoding is kept under the key (schema, scaffold_key(name)).
+    """
+    library_of = lambda key: resident.get((layout.schema, key))  # noqa: E731
     added = 0
     for name in layout.modules:
-        key = (layout.schema, name)
         runs = layout.cached_runs(name)
-        if resident.contains(key) or not runs:
+        if not runs:
             continue
-        intervals = tuple((run.start, run.end) for run in runs)
-        library = resident.put(key, intervals)
-        try:
-            encode_module(ctx, layout, name, mode=mode, scratch=scratch, library=library,
-                          library_of=lambda module: resident.get((layout.schema, module)))
-        except Exception:
-            drop_module(ctx, resident, key)
-            raise
-        added += sum(len(run.tokens) for run in runs)
+        added += _encode_into_library(ctx, resident, (layout.schema, name), runs, lambda library: encode_module(
+            ctx, layout, name, mode=mode, scratch=scratch, library=library, library_of=library_of))
+    for job in scaffold_jobs(layout, mode):
+        added += _encode_into_library(ctx, resident, (layout.schema, job.key), job.runs,
+                                      lambda library: encode_scaffold(ctx, job, scratch=scratch, library=library,
+                                                                      library_of=library_of))
     return added
+
+
+def _encode_into_library(ctx: Context, resident: ResidentTier, key, runs, encode: Callable[[int], None]) -> int:
+    """Places `key` in a library sequence and encodes it there, unless already resident; returns cells added."""
+    if resident.contains(key):
+        return 0
+    library = resident.put(key, tuple((run.start, run.end) for run in runs))
+    try:
+        encode(library)
+    except Exception:
+        drop_module(ctx, resident, key)
+        raise
+    return sum(len(run.tokens) for run in runs)
 
 
 def drop_module(ctx: Context, resident: ResidentTier, key) -> None:

@@ -14,16 +14,21 @@ encoded (a module right after the system message), its cells are shared from
 where they are resident and only the run is computed. Otherwise the context is
 decoded at the positions just before the run, so positions stay consecutive in
 one llama_decode, and its cells are dropped afterwards.
+
+A scaffold (`<scaffold name="x">`) is also encoded jointly: its members' runs are
+computed in one sequence, each seeing the others before it, and kept under the
+key `scaffold_key(x)` beside the members' own encodings (see ScaffoldJob).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.errors import PromptCacheError, SchemaError
 from pc_cpu.pml.layout import ROOT, Layout, Run
 
 ENCODING_MODES = ("preamble", "independent")
+SCAFFOLD_PREFIX = "scaffold:"  # ':' cannot occur in a module name, so the keys never clash
 
 
 @dataclass(frozen=True)
@@ -77,3 +82,108 @@ def _shareable(layout: Layout, owners: list[str], before: list, run: Run) -> tup
             ranges.append((owner, piece.start, piece.end))
         expected = piece.end
     return tuple(ranges)
+
+
+def scratch_cells(layout: Layout, mode: str) -> int:
+    """Returns the most KV cells one encode job occupies at once in the scratch sequence."""
+    jobs = [job for name in layout.modules for job in encode_jobs(layout, name, mode)]
+    sizes = [len(job.context) + len(job.run.tokens) for job in jobs]
+    sizes += [len(job.context) + job.n_tokens for job in scaffold_jobs(layout, mode)]
+    return max(sizes, default=0)
+
+
+# --- scaffolds ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScaffoldJob:
+    """Compute `context` then every run of `runs` in one sequence; keep only the runs, at their positions.
+
+    llama.cpp only accepts consecutive positions in a non-empty sequence, so the
+    runs are computed back to back from runs[0].start (see `computed_starts`) and
+    then moved to their layout positions; each run sees the context and every
+    earlier run, which is the joint encoding the paper asks for.
+    """
+
+    scaffold: str
+    runs: tuple[Run, ...]  # the members' cached runs in position order, adjacent ones merged
+    context: tuple[int, ...]  # what the first member's first run is computed after (see encode_jobs)
+    shared_context: tuple[tuple[str, int, int], ...] = ()  # (module, start, end) to share instead of computing
+
+    @property
+    def key(self) -> str:
+        return scaffold_key(self.scaffold)
+
+    @property
+    def first_position(self) -> int:
+        return self.runs[0].start - len(self.context)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Returns the runs' tokens back to back: what one decode computes after the context."""
+        return tuple(t for run in self.runs for t in run.tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(run.tokens) for run in self.runs)
+
+    def computed_starts(self) -> tuple[int, ...]:
+        """Returns where each run is computed: right after the previous one, from runs[0].start."""
+        starts, pos = [], self.runs[0].start
+        for run in self.runs:
+            starts.append(pos)
+            pos += len(run.tokens)
+        return tuple(starts)
+
+
+def scaffold_key(name: str) -> str:
+    """Returns the key under which scaffold `name`'s joint encoding is stored (beside module names)."""
+    return SCAFFOLD_PREFIX + name
+
+
+def check_scaffolds(layout: Layout) -> None:
+    """Raises SchemaError if a scaffold cannot be encoded jointly.
+
+    A union member is refused: its siblings share its positions, so the joint
+    encoding would have to pick one member, and a prompt importing every member
+    of the scaffold could not exist (at most one union member per prompt).
+    """
+    for scaffold in layout.scaffolds.values():
+        for member in scaffold.members:
+            union = layout.modules[member].union
+            if union is not None:
+                raise SchemaError(f"scaffold {scaffold.name!r} holds module {member!r} of union {union!r}; "
+                                  "a scaffold's modules are encoded together and union members exclude each "
+                                  "other: move the union out of the scaffold")
+
+
+def scaffold_jobs(layout: Layout, mode: str) -> list[ScaffoldJob]:
+    """Returns one job per scaffold of `layout` that has cached tokens, in document order."""
+    jobs = [scaffold_job(layout, name, mode) for name in layout.scaffolds]
+    return [job for job in jobs if job is not None]
+
+
+def scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | None:
+    """Returns the job that encodes scaffold `name` jointly, or None when its members cache nothing.
+
+    The context is the one the first member's first run gets on its own (encode_jobs),
+    so a scaffold whose members follow each other right after the preamble gets
+    exactly the cells a full prefill gives.
+    """
+    members = layout.scaffolds[name].members
+    runs = sorted((run for m in members for run in layout.cached_runs(m)), key=lambda r: r.start)
+    if not runs:
+        return None
+    merged: list[Run] = []
+    for run in runs:
+        if merged and merged[-1].end == run.start:
+            merged[-1] = Run(merged[-1].start, merged[-1].tokens + run.tokens)
+        else:
+            merged.append(run)
+    first = next(job for m in members for job in encode_jobs(layout, m, mode) if job.run.start == runs[0].start)
+    return ScaffoldJob(name, tuple(merged), first.context, first.shared_context)
+
+
+def scaffold_cells(layout: Layout) -> int:
+    """Returns the KV cells the scaffolds' joint encodings keep (on top of layout.cached_cells)."""
+    return sum(len(run.tokens) for s in layout.scaffolds.values() for m in s.members
+               for run in layout.cached_runs(m))

@@ -192,7 +192,7 @@ class _LayoutBuilder:
                                       tuple(d.children)) for name, d in self.drafts.items()}
         return Layout(schema=self.schema.name, length=self.pos, modules=MappingProxyType(modules),
                       unions=MappingProxyType(self.unions), scaffolds=MappingProxyType(self.scaffolds),
-                      nodes=tuple(sorted(self.nodes, key=lambda n: n.start)), uses_roles=self.schema.uses_roles(),
+                      nodes=tuple(sorted(self.nodes, key=_parent_first)), uses_roles=self.schema.uses_roles(),
                       preamble_end=first_module)
 
     def open_module(self, name: str, *, parent: str | None, union: str | None) -> _Draft:
@@ -266,6 +266,14 @@ class _LayoutBuilder:
         members = tuple(n for n in self.drafts if n not in before)
         self.scaffolds[node.name] = ScaffoldLayout(node.name, start, self.pos, members)
         self.nodes.append(NodeLayout(node.name, "scaffold", start, self.pos - start, self.parent_name(owner), 0))
+
+
+_KIND_RANK = {"scaffold": 0, "union": 1, "module": 2, "param": 3, "text": 4}
+
+
+def _parent_first(node: NodeLayout) -> tuple[int, int, int]:
+    """Sort key: by start; at one start, enclosing nodes (longer, or container kinds) first."""
+    return node.start, -node.length, _KIND_RANK[node.kind]
 
 
 def build_layout(schema: Schema, tokenizer: Tokenizer, markup: RoleMarkup) -> Layout:

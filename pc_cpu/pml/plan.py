@@ -6,6 +6,11 @@ their reserved slots, and the free text right after the last assembled
 position). Executing it in order keeps llama.cpp's rule that a sequence's
 decoded positions continue from its last one. The same Plan gives the baseline:
 its tokens, in position order, are exactly what a full prefill computes.
+
+Scaffolds: when a prompt imports every member of a scaffold (one by one, or all
+at once by naming the scaffold, `<x/>`), the members' cells are shared from the
+scaffold's joint encoding (CopyCells.source = "scaffold:x") instead of their own.
+A prompt that imports only some members uses the members' own encodings.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from pc_cpu.errors import ArgumentTooLongError, PromptError
+from pc_cpu.pml.encoding import scaffold_key
 from pc_cpu.pml.layout import ROOT, Layout, ModuleLayout
 from pc_cpu.pml.prompt import Import, Prompt
 from pc_cpu.pml.roles import RoleMarkup
@@ -22,11 +28,17 @@ from pc_cpu.pml.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class CopyCells:
-    """Share the cells of `module`'s encoding at positions [start, end) into the prompt."""
+    """Share the cells of `module` at positions [start, end) into the prompt, from encoding `source`."""
 
     module: str
     start: int
     tokens: tuple[int, ...]  # what those cells encode (the baseline computes them)
+    source: str | None = None  # None: the module's own encoding; "scaffold:<name>": that scaffold's joint one
+
+    @property
+    def encoding(self) -> str:
+        """Returns the key of the encoding that holds the cells: `source`, else the module's name."""
+        return self.source or self.module
 
     @property
     def end(self) -> int:
@@ -54,6 +66,10 @@ class Plan:
     schema: str
     ops: tuple[Op, ...]  # strictly increasing positions
     modules: tuple[str, ...]  # imported modules (ROOT first), in position order
+
+    def encoding_of(self, module: str) -> str:
+        """Returns the key of the encoding the plan shares `module`'s cells from (its own or a scaffold's)."""
+        return next((op.encoding for op in self.ops if isinstance(op, CopyCells) and op.module == module), module)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -88,7 +104,7 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     if prompt.schema != layout.schema:
         raise PromptError(f"prompt is for schema {prompt.schema!r}, not {layout.schema!r}")
     imported = _resolve_imports(layout, prompt.imports)
-    ops = _module_ops(layout, imported, tokenizer)
+    ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer)
     text = _free_text_tokens(layout, prompt, tokenizer, markup)
     end = ops[-1].end if ops else 0
     if text:
@@ -104,6 +120,14 @@ def _resolve_imports(layout: Layout, imports: tuple[Import, ...]) -> dict[str, d
     lines: dict[str, int] = {}
 
     def visit(item: Import, parent: str) -> None:
+        if item.name in layout.scaffolds:
+            for member in _scaffold_members(layout, item, parent):
+                if member in imported:
+                    raise PromptError(f"module {member!r} is imported twice (also by scaffold {item.name!r}); "
+                                      "import it once", line=item.line)
+                imported[member] = {}
+                lines[member] = item.line
+            return
         module = layout.module(item.name)
         if item.name in imported:
             raise PromptError(f"module {item.name!r} is imported twice; import it once", line=item.line)
@@ -123,6 +147,47 @@ def _resolve_imports(layout: Layout, imports: tuple[Import, ...]) -> dict[str, d
             raise PromptError(f"module {chosen[1]!r} is in union {union.name!r} with {chosen[0]!r}: "
                               "import one of them", line=lines[chosen[1]])
     return imported
+
+
+def _scaffold_members(layout: Layout, item: Import, parent: str) -> tuple[str, ...]:
+    """Returns the modules a scaffold import `<x/>` stands for, after checking it is written where they go.
+
+    `<x/>` imports every member of scaffold x, nested ones included. It is written
+    where its outermost members would be imported: at the top level, or inside the
+    import of the module that encloses the scaffold. It takes no arguments.
+    """
+    scaffold = layout.scaffolds[item.name]
+    if item.args or item.children:
+        raise PromptError(f"scaffold import <{item.name}/> takes no arguments or nested imports; import its "
+                          f"modules one by one to pass arguments ({', '.join(scaffold.members)})", line=item.line)
+    owner = layout.modules[scaffold.members[0]].parent  # the first member in document order is outermost
+    if owner != parent:
+        where = ("at the top level, outside other imports" if owner == ROOT else
+                 f"inside the import of module {owner!r}, as <{owner}><{item.name}/></{owner}>")
+        raise PromptError(f"scaffold {item.name!r} must be imported {where}", line=item.line)
+    for member in scaffold.members:
+        module = layout.modules[member]
+        if module.union is not None:
+            raise PromptError(f"scaffold {item.name!r} holds module {member!r} of union {module.union!r}; "
+                              "import the modules one by one", line=item.line)
+        if module.params():
+            raise PromptError(f"scaffold {item.name!r} holds module {member!r}, which needs arguments for "
+                              f"{', '.join(module.params())}; import the modules one by one", line=item.line)
+    return scaffold.members
+
+
+def _encoding_sources(layout: Layout, imported: dict[str, dict[str, str]]) -> dict[str, str | None]:
+    """Returns {module: CopyCells.source} for every imported module: None (its own), or its scaffold's key.
+
+    A scaffold counts when all its members are imported; when nested scaffolds
+    both qualify, the one with more members (the outer one) wins.
+    """
+    sources: dict[str, str | None] = {name: None for name in imported}
+    complete = [s for s in layout.scaffolds.values() if all(m in imported for m in s.members)]
+    for scaffold in sorted(complete, key=lambda s: len(s.members)):  # larger ones overwrite smaller ones
+        for member in scaffold.members:
+            sources[member] = scaffold_key(scaffold.name)
+    return sources
 
 
 def _nesting_message(layout: Layout, name: str) -> str:
@@ -146,13 +211,17 @@ def _check_args(layout: Layout, module: ModuleLayout, item: Import) -> None:
                               line=item.line)
 
 
-def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], tokenizer: Tokenizer) -> list[Op]:
-    """Returns the ops that place every imported module's pieces, in position order."""
+def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], sources: dict[str, str | None],
+                tokenizer: Tokenizer) -> list[Op]:
+    """Returns the ops that place every imported module's pieces, in position order.
+
+    Cached pieces are shared from the encoding `sources` names for their module.
+    """
     pieces = sorted(((p, name) for name in imported for p in layout.modules[name].pieces), key=lambda x: x[0].start)
     ops: list[Op] = []
     for piece, module in pieces:
         if layout.is_cached(module, piece):
-            _append(ops, CopyCells(module, piece.start, piece.tokens))
+            _append(ops, CopyCells(module, piece.start, piece.tokens, sources[module]))
         elif piece.param is None:
             _append(ops, DecodeTokens(piece.start, piece.tokens, "schema text after a module"))
         else:
@@ -171,7 +240,7 @@ def _append(ops: list[Op], op: Op) -> None:
     last = ops[-1] if ops else None
     if last is not None and last.end == op.start:
         if isinstance(op, CopyCells) and isinstance(last, CopyCells) and last.module == op.module:
-            ops[-1] = CopyCells(op.module, last.start, last.tokens + op.tokens)
+            ops[-1] = CopyCells(op.module, last.start, last.tokens + op.tokens, op.source)
             return
         if isinstance(op, DecodeTokens) and isinstance(last, DecodeTokens):
             ops[-1] = DecodeTokens(last.start, last.tokens + op.tokens, last.what)
@@ -208,5 +277,5 @@ def _ensure_last_is_decoded(ops: list[Op]) -> list[Op]:
     last = ops[-1]
     if isinstance(last, DecodeTokens):
         return ops
-    head = [CopyCells(last.module, last.start, last.tokens[:-1])] if len(last.tokens) > 1 else []
+    head = [CopyCells(last.module, last.start, last.tokens[:-1], last.source)] if len(last.tokens) > 1 else []
     return ops[:-1] + head + [DecodeTokens(last.end - 1, last.tokens[-1:], f"last token of module {last.module!r}")]

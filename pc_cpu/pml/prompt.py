@@ -82,12 +82,12 @@ class _PromptReader:
         self.imports: list[Import] = []
         self.turns: list[Turn] = []
         self.uses_roles = False
-        self.first_text: Turn | None = None
+        self.last_owner: Element | None = None  # the element whose text the last turn holds
 
     def read_children(self, element: Element, *, role: str | None) -> None:
         for child in element.children:
             if isinstance(child, Text):
-                self.add_text(child, role)
+                self.add_text(child, role, owner=element)
             elif child.tag in ROLES:
                 if role is not None:
                     raise PromptError(f"<{child.tag}> is inside <{role}>; close <{role}> first", line=child.line)
@@ -98,17 +98,16 @@ class _PromptReader:
             else:
                 self.add_import(child)
 
-    def add_text(self, text: Text, role: str | None) -> None:
+    def add_text(self, text: Text, role: str | None, *, owner: Element) -> None:
         value = normalize_text(text.value)
-        if not value:
-            return
-        if not value.strip() and not self.turns:
-            return  # spacing between imports, before any real text
-        if self.turns and self.turns[-1].role == role:
+        if not value.strip() and (role is None or not self.turns):
+            return  # spacing between tags is layout, not a turn
+        if self.turns and self.last_owner is owner:
             last = self.turns[-1]
             self.turns[-1] = Turn(role, last.text + value, last.line)
         else:
             self.turns.append(Turn(role, value, text.line))
+        self.last_owner = owner
 
     def add_import(self, element: Element) -> None:
         if self.turns:

@@ -55,8 +55,9 @@ def markup_from_template(template: str | None, *, bos_token: str = "", eos_token
     """
     if not template:
         return PLAIN_MARKUP
-    render = _renderer(template, bos_token=bos_token, eos_token=eos_token)
     try:
+        # BOS is the layout's job (Tokenizer.bos_id at position 0), so templates render it as nothing.
+        render = _renderer(template, bos_token="", eos_token=eos_token)
         user = _turn(render, "user")
         assistant = _turn(render, "assistant")
         base = render([_msg("user", _FILLER_USER)], False)

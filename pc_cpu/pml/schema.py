@@ -145,12 +145,14 @@ class _SchemaParser:
 
     def __init__(self) -> None:
         self.module_lines: dict[str, int] = {}
+        self.module_params: dict[str | None, set[str]] = {}
         self.union_count = 0
         self.other_names: set[str] = set()
+        self.other_lines: dict[str, int] = {}
 
     def children(self, element: Element, *, in_module: str | None, in_role: bool = False) -> tuple[Child, ...]:
         nodes: list[Child] = []
-        params_here: set[str] = set()
+        params_here = self.module_params.setdefault(in_module, set())
         for child in element.children:
             if isinstance(child, Text):
                 text = normalize_text(child.value)
@@ -168,7 +170,7 @@ class _SchemaParser:
 
     def element(self, el: Element, *, in_module: str | None, in_role: bool) -> Child:
         if el.tag == "module":
-            return self.module(el)
+            return self.module(el, in_role=in_role)
         if el.tag == "union":
             return self.union(el, in_role=in_role)
         if el.tag == "param":
@@ -183,22 +185,23 @@ class _SchemaParser:
             _reject_attrs(el, {"name"})
             name = self.unique_other(check_name(el.attrs.get("name"), what="scaffold", line=el.line), el)
             children = self.children(el, in_module=in_module, in_role=in_role)
-            if not any(isinstance(c, (ModuleNode, UnionNode)) for c in children):
+            if not any(isinstance(c, (ModuleNode, UnionNode)) for c in walk(children)):
                 raise SchemaError(f"scaffold {name!r} holds no module; wrap the modules it should encode "
                                   "jointly", line=el.line)
             return ScaffoldNode(name, children, el.line)
         raise SchemaError(f"unknown element <{el.tag}> in a schema; use module, union, param, scaffold, "
                           "system, user or assistant (write a literal '<' as &lt;)", line=el.line)
 
-    def module(self, el: Element) -> ModuleNode:
+    def module(self, el: Element, *, in_role: bool = False) -> ModuleNode:
         _reject_attrs(el, {"name"})
         name = check_name(el.attrs.get("name"), what="module", line=el.line)
         if name in self.module_lines or name in self.other_names:
             raise SchemaError(f"module name {name!r} is used twice (first on line "
-                              f"{self.module_lines.get(name, '?')}); module names must be unique in a schema",
+                              f"{self.module_lines.get(name) or self.other_lines.get(name)}); module names must be "
+                              "unique in a schema",
                               line=el.line)
         self.module_lines[name] = el.line
-        children = self.children(el, in_module=name)
+        children = self.children(el, in_module=name, in_role=in_role)
         if not children:
             raise SchemaError(f"module {name!r} is empty; give it text or remove it", line=el.line)
         return ModuleNode(name, children, el.line)
@@ -206,8 +209,10 @@ class _SchemaParser:
     def union(self, el: Element, *, in_role: bool) -> UnionNode:
         _reject_attrs(el, {"name"})
         self.union_count += 1
-        name = el.attrs.get("name") or f"union{self.union_count}"
-        self.unique_other(check_name(name, what="union", line=el.line), el)
+        if el.attrs.get("name"):
+            name = self.unique_other(check_name(el.attrs["name"], what="union", line=el.line), el)
+        else:
+            name = self.unique_other(f"#union{self.union_count}", el)  # '#' keeps it apart from user names
         for child in el.children:
             if isinstance(child, Text) and child.value.strip():
                 raise SchemaError(f"union {name!r} holds text {child.value.strip()[:30]!r}; a union holds only "
@@ -218,7 +223,7 @@ class _SchemaParser:
             if child.tag != "module":
                 raise SchemaError(f"union {name!r} holds <{child.tag}>; a union holds only <module> elements",
                                   line=child.line)
-            members.append(self.module(child))
+            members.append(self.module(child, in_role=in_role))
         if not members:
             raise SchemaError(f"union {name!r} has no module; add <module> members or remove it", line=el.line)
         return UnionNode(name, tuple(members), el.line)
@@ -247,6 +252,7 @@ class _SchemaParser:
             raise SchemaError(f"name {name!r} is used twice; union, scaffold and module names must be unique",
                               line=el.line)
         self.other_names.add(name)
+        self.other_lines[name] = el.line
         return name
 
 

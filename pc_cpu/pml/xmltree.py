@@ -24,7 +24,7 @@ MAX_TEXT_CHARS = 16 * 1024 * 1024  # characters of text in one document
 # turns it into "\n" before we see it. So it is swapped for this private-use
 # character before parsing; text consumers turn it back (see restore_newlines).
 KEPT_NEWLINE = "\ue000"
-_NEWLINE_REF = re.compile(r"&#(?:10|x0*[aA]);")
+_NEWLINE_REF = re.compile(r"&#(?:0*10|[xX]0*[aA]);")
 
 
 def restore_newlines(text: str) -> str:

@@ -4,7 +4,8 @@ The library is looked for next to the package's modules (``pc_cpu/libpc_native.s
 ``.dylib`` or ``pc_native.dll``; scikit-build installs it there). When it is absent or
 reports another ABI version, :func:`available` is False and callers use the numpy
 implementation, which produces the same bytes. Both expose ``scan``, ``splice_size``,
-``splice`` and ``relocate`` with the same signatures, results and ``StateBlobError.code``:
+``splice``, ``splice_into`` and ``relocate`` with the same signatures, results and
+``StateBlobError.code``:
 
     impl = native if native.available() else state_blob
 """
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 ABI_VERSION = 1  # PC_NATIVE_VERSION in native/pc_state.h
 _LIB_NAMES = ("libpc_native.so", "libpc_native.dylib", "pc_native.dll")
 _INT32 = (-2**31, 2**31 - 1)
+PC_ERR_CAPACITY = -8
 
 # pc_status -> StateBlobError.code and the sentence that explains it.
 _STATUS = {
@@ -183,7 +185,7 @@ def _splice_error(lib: ctypes.CDLL, status: int, blobs: Sequence[BlobLike]) -> S
 def splice_size(blobs: Sequence[BlobLike]) -> int:
     """Bytes of ``splice(blobs)``; see :func:`pc_cpu.store.state_blob.splice_size`."""
     lib = _require()
-    arrays, ptrs, sizes = _splice_args(blobs)
+    arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
     need = ctypes.c_size_t(0)
     status = lib.pc_state_splice_size(ptrs, sizes, len(blobs), ctypes.byref(need))
     if status:
@@ -193,19 +195,30 @@ def splice_size(blobs: Sequence[BlobLike]) -> int:
 
 def splice(blobs: Sequence[BlobLike]) -> bytearray:
     """Merges blobs into one restore blob; see :func:`pc_cpu.store.state_blob.splice`."""
-    lib = _require()
-    arrays, ptrs, sizes = _splice_args(blobs)
-    need = ctypes.c_size_t(0)
-    status = lib.pc_state_splice_size(ptrs, sizes, len(blobs), ctypes.byref(need))
-    if status:
-        raise _splice_error(lib, status, blobs)
-    out = bytearray(need.value)
-    dst = (ctypes.c_uint8 * len(out)).from_buffer(out)
-    status = lib.pc_state_splice(ptrs, sizes, len(blobs), dst, len(out), ctypes.byref(need))
-    del dst  # release the export so the bytearray stays resizable
-    if status:
-        raise _splice_error(lib, status, blobs)
+    out = bytearray(splice_size(blobs))
+    splice_into(blobs, out)
     return out
+
+
+def splice_into(blobs: Sequence[BlobLike], out: bytearray | memoryview) -> int:
+    """Splices into a caller's buffer; see :func:`pc_cpu.store.state_blob.splice_into`."""
+    lib = _require()
+    arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
+    try:
+        dst = (ctypes.c_uint8 * len(memoryview(out).cast("B"))).from_buffer(out)
+    except (TypeError, ValueError):
+        raise StateBlobError("output must be a writable, contiguous buffer (a bytearray)",
+                             code="argument") from None
+    need = ctypes.c_size_t(0)
+    status = lib.pc_state_splice(ptrs, sizes, len(blobs), dst if len(dst) else None, len(dst),
+                                 ctypes.byref(need))
+    del dst  # release the export so the buffer stays resizable
+    if status == PC_ERR_CAPACITY:
+        raise _error(status, f"cannot splice: the result needs {need.value} bytes, the buffer "
+                             f"holds {len(memoryview(out))}; ")
+    if status:
+        raise _splice_error(lib, status, blobs)
+    return need.value
 
 
 def _rope_struct(rope: RopeParams) -> _Rope:

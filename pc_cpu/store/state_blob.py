@@ -400,13 +400,14 @@ def splice_size(blobs: Sequence[BlobLike]) -> int:
 
 
 class _Writer:
-    def __init__(self, out: bytearray):
+    """Appends to a writable byte view that splice_size() has sized."""
+
+    def __init__(self, out: memoryview):
         self.out = out
-        self.view = memoryview(out)
         self.off = 0
 
     def bytes(self, src: memoryview) -> None:
-        self.view[self.off:self.off + len(src)] = src
+        self.out[self.off:self.off + len(src)] = src
         self.off += len(src)
 
     def u32(self, value: int) -> None:
@@ -416,12 +417,11 @@ class _Writer:
 
 def _write_cells(w: _Writer, lays: list[_Layout], s: int, seq_id: int) -> None:
     """Cell records of every blob, each stamped with the output's sequence id."""
-    start, rec = w.off, lays[0].cell_bytes
-    for lay in lays:
+    full = [lay for lay in lays if lay.sections[s].n_cell]
+    start, rec = w.off, full[0].cell_bytes  # blobs with cells share the ext record
+    for lay in full:
         sec = lay.sections[s]
-        if sec.n_cell:
-            rec = lay.cell_bytes
-            w.bytes(lay.buf[sec.cells_off:sec.cells_off + sec.n_cell * rec])
+        w.bytes(lay.buf[sec.cells_off:sec.cells_off + sec.n_cell * rec])
     n_cell = (w.off - start) // rec
     cells = np.frombuffer(w.out, dtype="<i4", count=n_cell * rec // 4, offset=start)
     cells.reshape(n_cell, rec // 4)[:, -1] = seq_id
@@ -476,6 +476,15 @@ def _write_section(w: _Writer, lays: list[_Layout], s: int) -> None:
             _write_stream(w, lays, s, ref, total)
 
 
+def _write(lays: list[_Layout], need: int, out: memoryview) -> None:
+    w = _Writer(out)
+    w.u32(MAGIC)
+    w.u32(lays[0].seq_id)
+    for s in range(len(lays[0].sections)):
+        _write_section(w, lays, s)
+    assert w.off == need, "splice size and writer disagree"
+
+
 def splice(blobs: Sequence[BlobLike]) -> bytearray:
     """Merges single-sequence blobs into one blob that one ``llama_state_seq_set_data`` restores.
 
@@ -493,13 +502,38 @@ def splice(blobs: Sequence[BlobLike]) -> bytearray:
             ("mismatch"), or two cells share a position ("overlap").
     """
     lays, need = _check_inputs(blobs)
-    w = _Writer(bytearray(need))
-    w.u32(MAGIC)
-    w.u32(lays[0].seq_id)
-    for s in range(len(lays[0].sections)):
-        _write_section(w, lays, s)
-    assert w.off == need, "splice size and writer disagree"
-    return w.out
+    out = bytearray(need)
+    _write(lays, need, memoryview(out))
+    return out
+
+
+def splice_into(blobs: Sequence[BlobLike], out: bytearray | memoryview) -> int:
+    """Like :func:`splice`, writing into the start of a caller's buffer (reuse it: a fresh
+    100 MB buffer costs more to allocate than the splice itself).
+
+    Returns:
+        The bytes written, ``splice_size(blobs)``.
+    Raises:
+        StateBlobError: as :func:`splice`; "capacity" when out is too small; "argument" when
+            out is not a writable buffer.
+    """
+    view = _writable_view(out)
+    lays, need = _check_inputs(blobs)
+    if need > len(view):
+        raise _error("capacity", f"cannot splice: the result needs {need} bytes, the buffer "
+                     f"holds {len(view)}; size it with splice_size()")
+    _write(lays, need, view[:need])
+    return need
+
+
+def _writable_view(out: bytearray | memoryview) -> memoryview:
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise _error("argument", f"output must be a writable buffer, not {type(out).__name__}") from None
+    if view.readonly or not view.contiguous:
+        raise _error("argument", "output must be a writable, contiguous buffer (a bytearray)")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 # --- relocate --------------------------------------------------------------------------------
@@ -587,9 +621,13 @@ def _rotate_k(buf: bytearray, rec: _Layer, n_cell: int, rope: RopeParams,
                       offset=rec.data_off).reshape(n_cell, rope.n_head_kv, rope.head_dim)
     a, b = _pair_indices(rope)
     x0, x1 = k[:, :, a].astype(np.float32), k[:, :, b].astype(np.float32)
-    # two roundings per product, none fused: the C library is built with -ffp-contract=off
-    k[:, :, a] = (x0 * cos_t - x1 * sin_t).astype(dtype)
-    k[:, :, b] = (x0 * sin_t + x1 * cos_t).astype(dtype)
+    with np.errstate(all="ignore"):  # inf and NaN in K are carried along, as llama.cpp does
+        # two roundings per product, none fused: the C library is built with -ffp-contract=off
+        y0, y1 = x0 * cos_t - x1 * sin_t, x0 * sin_t + x1 * cos_t
+        # which NaN payload an add of two NaNs keeps differs between SIMD loops: use one NaN
+        for y in (y0, y1):
+            y[np.isnan(y)] = np.nan  # float32 0x7fc00000, F16 0x7e00
+        k[:, :, a], k[:, :, b] = y0.astype(dtype), y1.astype(dtype)
 
 
 def relocate(blob: BlobLike, delta: int, rope: RopeParams) -> bytearray:

@@ -1,0 +1,162 @@
+"""The byte tiers as one store: an explicit ordered list, fastest first (e.g. [ram, disk]).
+
+A hit in a slower tier is promoted to the first tier; what a tier evicts is demoted to the next
+one (the last tier's evictions are dropped and will be re-encoded). Tiers are inclusive: a
+promoted entry keeps its copy below, so the disk copy survives the process.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from pc_cpu.errors import EntryTooLargeError, StoreError
+from pc_cpu.store.base import Evicted, ModuleStore
+from pc_cpu.store.entry import Entry
+from pc_cpu.store.keys import StoreKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """An entry found in the tiers, and the name of the tier that served it."""
+
+    entry: Entry
+    tier: str  # e.g. "ram" or "disk"; what a Result reports
+
+
+class TieredStore:
+    """Ordered byte tiers, fastest first, with promotion on hit and demotion on eviction."""
+
+    def __init__(self, tiers: Sequence[ModuleStore]):
+        if not tiers:
+            raise ValueError("TieredStore needs at least one tier, e.g. [RamStore(...), DiskStore(...)]")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be distinct, got {names}")
+        self.tiers: tuple[ModuleStore, ...] = tuple(tiers)
+
+    def tier(self, name: str) -> ModuleStore:
+        """Returns the tier called `name`; raises KeyError listing the valid names."""
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tier {name!r}; tiers are {[t.name for t in self.tiers]}")
+
+    def contains(self, key: StoreKey) -> bool:
+        """Returns whether any tier holds `key`."""
+        return any(t.contains(key) for t in self.tiers)
+
+    def get(self, key: StoreKey) -> Hit | None:
+        """Returns the entry and the tier that served it (looking fastest first), or None.
+
+        A hit below the first tier is promoted to the first tier (if it fits there).
+        """
+        for depth, tier in enumerate(self.tiers):
+            entry = tier.get(key)
+            if entry is not None:
+                if depth > 0:
+                    self._put_from(0, key, entry, stop=depth)
+                return Hit(entry, tier.name)
+        return None
+
+    def put(self, key: StoreKey, entry: Entry) -> str:
+        """Stores `entry` in the first tier that accepts its size; returns that tier's name.
+
+        Evictions cascade down the tiers (see module docstring).
+
+        Raises:
+            EntryTooLargeError: no tier's budget can hold the entry.
+            StoreError: the accepting tier could not store it.
+        """
+        for depth, tier in enumerate(self.tiers):
+            try:
+                evicted = tier.put(key, entry)
+            except EntryTooLargeError:
+                if depth == len(self.tiers) - 1:
+                    raise
+                log.info("%s: %s too large for tier %s, trying %s", tier.name, key.describe(), tier.name,
+                         self.tiers[depth + 1].name)
+                continue
+            self._demote(depth + 1, evicted)
+            return tier.name
+        raise AssertionError("unreachable: the last tier either stores or raises")
+
+    def remove(self, key: StoreKey) -> bool:
+        """Forgets `key` in every tier; returns whether any tier held it."""
+        return any([t.remove(key) for t in self.tiers])  # a list, so every tier is visited
+
+    def prefetch(self, keys: Iterable[StoreKey]) -> dict[StoreKey, str | None]:
+        """Loads a group of modules (e.g. union members) into the first tier together.
+
+        Members already in the first tier are touched first, so loading the others does not evict
+        them; a group larger than the first tier's budget is loaded as far as it fits (logged).
+
+        Returns:
+            For each key, the tier that served it, or None for a miss (to be encoded).
+        """
+        keys = list(dict.fromkeys(keys))
+        first = self.tiers[0]
+        served: dict[StoreKey, str | None] = {}
+        found: dict[StoreKey, Entry] = {}
+        for key in keys:  # touch residents before anything is loaded
+            entry = first.get(key)
+            if entry is not None:
+                served[key], found[key] = first.name, entry
+        for key in keys:
+            if key in served:
+                continue
+            hit = self._get_below(key)
+            served[key] = hit.tier if hit else None
+            if hit:
+                found[key] = hit.entry
+        total = sum(e.nbytes for e in found.values())
+        if total > first.budget_bytes:
+            log.warning("prefetch: group of %d modules is %d bytes > %s budget of %d bytes; "
+                        "not all of it stays in %s", len(found), total, first.name, first.budget_bytes, first.name)
+        for key in keys:
+            if served[key] not in (None, first.name):
+                self._put_from(0, key, found[key], stop=len(self.tiers))
+        return served
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _get_below(self, key: StoreKey) -> Hit | None:
+        for tier in self.tiers[1:]:
+            entry = tier.get(key)
+            if entry is not None:
+                return Hit(entry, tier.name)
+        return None
+
+    def _put_from(self, depth: int, key: StoreKey, entry: Entry, *, stop: int) -> None:
+        """Promotes `entry` into tier `depth` (best effort) and demotes what that evicts."""
+        if depth >= stop:
+            return
+        tier = self.tiers[depth]
+        try:
+            evicted = tier.put(key, entry)
+        except EntryTooLargeError:
+            return  # served from below; nothing to promote into
+        except StoreError as exc:
+            log.warning("%s: could not promote %s (%s)", tier.name, key.describe(), exc)
+            return
+        self._demote(depth + 1, evicted)
+
+    def _demote(self, depth: int, evicted: list[Evicted]) -> None:
+        """Puts entries evicted from tier depth-1 into tier `depth`; best effort, logged."""
+        if depth >= len(self.tiers):
+            for gone in evicted:
+                log.debug("dropped %s from the last tier", gone.key.describe())
+            return
+        tier = self.tiers[depth]
+        for gone in evicted:
+            if gone.entry is None or tier.contains(gone.key):
+                continue  # nothing to write, or the slower tier already holds these bytes
+            try:
+                further = tier.put(gone.key, gone.entry)
+            except StoreError as exc:  # too large, or the disk refused: dropped, re-encoded later
+                log.warning("%s: could not demote %s (%s); dropped", tier.name, gone.key.describe(), exc)
+                continue
+            self._demote(depth + 1, further)

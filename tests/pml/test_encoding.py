@@ -1,0 +1,178 @@
+"""Tests of encode jobs (pc_cpu.pml.encoding): what each module's cells attend to when they are computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu.errors import PromptCacheError, SchemaError
+from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, scaffold_cells,
+                                 scaffold_jobs, scratch_cells)
+from pc_cpu.pml.layout import ROOT
+from tests.pml.conftest import CHATML_MARKUP, layout_of, words
+
+# Positions with CHATML_MARKUP and BOS:
+#   ROOT preamble [0, 5): <bos> <|im_start|> system Sys <|im_end|>
+#   a [5, 8): "A1" 5, b "B" 6, "A2" 7 | ROOT "Mid" 8 | c "C" 9
+SCHEMA = ('<schema name="s"><system>Sys</system><module name="a">A1 <module name="b">B</module> A2</module>'
+          'Mid<module name="c">C</module></schema>')
+PREAMBLE = ["<bos>", "<|im_start|>", "system", "Sys", "<|im_end|>"]
+
+
+@pytest.fixture
+def layout(tok):
+    return layout_of(SCHEMA, CHATML_MARKUP, tokenizer=tok)
+
+
+def jobs(tok, layout, module, mode):
+    """Returns each job as (run start, run words, context words, first_position, shared_context)."""
+    return [(j.run.start, words(tok, j.run.tokens), words(tok, j.context), j.first_position, j.shared_context)
+            for j in encode_jobs(layout, module, mode)]
+
+
+# --- preamble mode ------------------------------------------------------------------------------
+
+def test_module_right_after_the_preamble_sees_exactly_the_preamble(tok, layout):
+    (first, _) = jobs(tok, layout, "a", "preamble")
+
+    assert first == (5, ["A1"], PREAMBLE, 0, ((ROOT, 0, 5),))
+
+
+def test_second_run_of_a_module_includes_its_first_run(tok, layout):
+    (_, second) = jobs(tok, layout, "a", "preamble")
+
+    # the context skips the child b (position 6), so it is decoded one position early, not shared
+    assert second == (7, ["A2"], PREAMBLE + ["A1"], 1, ())
+
+
+def test_nested_module_context_includes_the_parents_earlier_text(tok, layout):
+    assert jobs(tok, layout, "b", "preamble") == [(6, ["B"], PREAMBLE + ["A1"], 0, ((ROOT, 0, 5), ("a", 5, 6)))]
+
+
+def test_module_after_root_text_that_follows_a_module(tok, layout):
+    # "Mid" is computed per prompt, not cached, so the context is decoded rather than shared
+    assert jobs(tok, layout, "c", "preamble") == [(9, ["C"], PREAMBLE + ["Mid"], 3, ())]
+
+
+def test_root_encodes_only_its_preamble(tok, layout):
+    assert jobs(tok, layout, ROOT, "preamble") == [(0, PREAMBLE, [], 0, ())]
+
+
+def test_root_text_after_a_module_gets_no_encode_job(tok):
+    # ROOT caches only its preamble (one run), so ROOT never has a second run with earlier runs as context
+    layout = layout_of('<schema name="s">Intro <module name="m">x</module> outro</schema>', tokenizer=tok)
+
+    assert jobs(tok, layout, ROOT, "preamble") == [(0, ["<bos>", "Intro"], [], 0, ())]
+    assert jobs(tok, layout, "m", "preamble") == [(2, ["x"], ["<bos>", "Intro"], 0, ((ROOT, 0, 2),))]
+
+
+def test_param_placeholders_are_encoded_and_seen_by_later_runs(tok):
+    layout = layout_of('<schema name="s"><module name="m">Go <param name="p" len="2"/> now <module name="n">N'
+                       '</module> end</module></schema>', tokenizer=tok)
+
+    assert jobs(tok, layout, "m", "preamble") == [
+        (1, ["Go", "<ph>", "<ph>", "now"], ["<bos>"], 0, ((ROOT, 0, 1),)),
+        (6, ["end"], ["<bos>", "Go", "<ph>", "<ph>", "now"], 1, ()),
+    ]
+    assert jobs(tok, layout, "n", "preamble") == [
+        (5, ["N"], ["<bos>", "Go", "<ph>", "<ph>", "now"], 0, ((ROOT, 0, 1), ("m", 1, 5)))]
+
+
+def test_union_members_each_see_the_same_context(tok):
+    layout = layout_of('<schema name="s">Pick: <union><module name="x">X</module><module name="y">Y Y</module>'
+                       '</union></schema>', tokenizer=tok)
+
+    assert jobs(tok, layout, "x", "preamble") == [(3, ["X"], ["<bos>", "Pick", ":"], 0, ((ROOT, 0, 3),))]
+    assert jobs(tok, layout, "y", "preamble") == [(3, ["Y", "Y"], ["<bos>", "Pick", ":"], 0, ((ROOT, 0, 3),))]
+
+
+# --- independent mode ---------------------------------------------------------------------------
+
+def test_independent_module_has_no_context(tok, layout):
+    assert jobs(tok, layout, "b", "independent") == [(6, ["B"], [], 6, ())]
+    assert jobs(tok, layout, "c", "independent") == [(9, ["C"], [], 9, ())]
+
+
+def test_independent_second_run_sees_only_its_own_first_run(tok, layout):
+    assert jobs(tok, layout, "a", "independent") == [(5, ["A1"], [], 5, ()), (7, ["A2"], ["A1"], 6, ())]
+
+
+def test_independent_root(tok, layout):
+    assert jobs(tok, layout, ROOT, "independent") == [(0, PREAMBLE, [], 0, ())]
+
+
+# --- sizes and modes ----------------------------------------------------------------------------
+
+def test_scratch_cells_is_the_largest_job(layout):
+    assert scratch_cells(layout, "preamble") == 7  # six context tokens and one run token
+    assert scratch_cells(layout, "independent") == 5  # the ROOT preamble itself
+
+
+@pytest.mark.parametrize("mode", ["Preamble", "joint", ""])
+def test_invalid_mode_names_the_valid_ones(mode, layout):
+    with pytest.raises(PromptCacheError) as info:
+        encode_jobs(layout, "a", mode)
+
+    assert str(info.value) == f"encoding mode {mode!r} is unknown; use one of: preamble, independent"
+
+
+def test_check_mode_returns_valid_modes():
+    assert [check_mode(m) for m in ENCODING_MODES] == ["preamble", "independent"]
+
+
+# --- scaffolds ----------------------------------------------------------------------------------
+
+# <bos> "Docs :" 0-3 | scaffold x: a "A a" 3-5, ROOT "mid" 5, b "B" 6 + param p 7-9 | d "D" 9
+SCAFFOLD = ('<schema name="s">Docs: <scaffold name="x"><module name="a">A a</module> mid <module name="b">B '
+            '<param name="p" len="2"/></module></scaffold><module name="d">D</module></schema>')
+
+
+def test_scaffold_job_computes_member_runs_back_to_back_after_the_first_members_context(tok):
+    layout = layout_of(SCAFFOLD, tokenizer=tok)
+
+    (job,) = scaffold_jobs(layout, "preamble")
+
+    assert job.scaffold == "x" and job.key == "scaffold:x"
+    assert [(r.start, words(tok, r.tokens)) for r in job.runs] == [(3, ["A", "a"]), (6, ["B", "<ph>", "<ph>"])]
+    assert job.computed_starts() == (3, 5)  # b is computed right after a, then moved to 6
+    assert words(tok, job.tokens) == ["A", "a", "B", "<ph>", "<ph>"]
+    assert job.n_tokens == 5
+    assert words(tok, job.context) == ["<bos>", "Docs", ":"]
+    assert job.first_position == 0
+    assert job.shared_context == ((ROOT, 0, 3),)
+
+
+def test_independent_scaffold_job_has_no_context(tok):
+    (job,) = scaffold_jobs(layout_of(SCAFFOLD, tokenizer=tok), "independent")
+
+    assert (job.context, job.first_position, job.shared_context) == ((), 3, ())
+
+
+def test_adjacent_member_runs_are_merged():
+    layout = layout_of('<schema name="s"><scaffold name="x"><module name="a">A</module><module name="b">B'
+                       '</module></scaffold></schema>')
+
+    (job,) = scaffold_jobs(layout, "preamble")
+    assert [(r.start, r.end) for r in job.runs] == [(1, 3)]
+
+
+def test_scaffold_cells_and_scratch_cells_count_the_joint_encodings():
+    layout = layout_of(SCAFFOLD)
+
+    assert layout.cached_cells == 9  # ROOT preamble 3, a 2, b 3, d 1
+    assert scaffold_cells(layout) == 5  # a 2 and b 3 once more, jointly
+    assert scratch_cells(layout, "preamble") == 8  # the scaffold job: 3 context + 5 tokens
+    assert scratch_cells(layout, "independent") == 5
+
+
+def test_scaffold_holding_a_union_member_is_refused():
+    layout = layout_of('<schema name="s"><scaffold name="x"><module name="a">A</module><union name="u">'
+                       '<module name="b">B</module><module name="c">C</module></union></scaffold></schema>')
+
+    with pytest.raises(SchemaError) as info:
+        check_scaffolds(layout)
+    assert "scaffold 'x' holds module 'b' of union 'u'" in str(info.value)
+    assert "move the union out of the scaffold" in str(info.value)
+
+
+def test_scaffolds_without_unions_pass_the_check():
+    check_scaffolds(layout_of(SCAFFOLD))

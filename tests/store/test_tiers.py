@@ -1,0 +1,176 @@
+"""TieredStore([ram, disk]): which tier serves, promotion on hit, demotion on eviction, prefetch."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from pc_cpu.errors import EntryTooLargeError
+from pc_cpu.store.disk import DiskStore
+from pc_cpu.store.ram import RamStore
+from pc_cpu.store.tiers import Hit, TieredStore
+from tests.store.conftest import entry, key
+
+P = 100  # payload bytes per fake entry
+
+
+@pytest.fixture
+def tiers(store_dir):
+    """Returns (store, ram, disk): RAM fits two 100-byte entries, disk is large."""
+    ram, disk = RamStore(2 * P + P // 2), DiskStore(store_dir, budget_bytes=10**6)
+    return TieredStore([ram, disk]), ram, disk
+
+
+def modules(store) -> list[str]:
+    return [k.module for k in store.keys()]
+
+
+def test_put_goes_to_the_first_tier(tiers):
+    store, ram, disk = tiers
+    assert store.put(key("a"), entry(P)) == "ram"
+    assert modules(ram) == ["a"] and modules(disk) == []
+    assert store.get(key("a")) == Hit(entry(P), "ram")
+    assert store.get(key("nope")) is None
+    assert store.contains(key("a")) and not store.contains(key("nope"))
+
+
+def test_ram_evictions_are_demoted_to_disk_in_order(tiers):
+    store, ram, disk = tiers
+    store.put(key("a"), entry(P, 1))
+    store.put(key("b"), entry(P, 2))
+    store.get(key("a"))  # b is now the least recently used
+    store.put(key("c"), entry(P, 3))
+    assert modules(ram) == ["a", "c"] and modules(disk) == ["b"]
+    store.put(key("d"), entry(P, 4))
+    assert modules(ram) == ["c", "d"] and modules(disk) == ["b", "a"]
+    assert ram.bytes_used == 2 * P
+
+
+def test_disk_hit_is_promoted_and_keeps_its_disk_copy(tiers):
+    store, ram, disk = tiers
+    for name in "abc":
+        store.put(key(name), entry(P))  # a demoted to disk
+    assert store.get(key("a")) == Hit(entry(P), "disk")
+    assert modules(ram) == ["c", "a"]  # promoted; b evicted from ram...
+    assert modules(disk) == ["a", "b"]  # ...and demoted, while a's disk copy stays
+    assert store.get(key("a")) == Hit(entry(P), "ram")
+
+
+def test_demotion_skips_what_disk_already_holds(tiers, monkeypatch):
+    store, ram, disk = tiers
+    for name in "abc":
+        store.put(key(name), entry(P))
+    store.get(key("a"))  # promoted from disk, evicting b to disk
+    writes = []
+    real_put = disk.put
+    monkeypatch.setattr(disk, "put", lambda k, e: writes.append(k.module) or real_put(k, e))
+    store.get(key("b"))  # promotes b, evicts c (not on disk) ...
+    store.get(key("a"))  # ... a is in ram already
+    store.put(key("d"), entry(P))  # evicts b, already on disk: no write
+    assert writes == ["c"]
+    assert modules(ram) == ["a", "d"]
+
+
+def test_entry_too_large_for_ram_goes_to_disk(tiers):
+    store, ram, disk = tiers
+    assert store.put(key("big"), entry(5 * P)) == "disk"
+    assert modules(ram) == [] and modules(disk) == ["big"]
+    assert store.get(key("big")) == Hit(entry(5 * P), "disk")  # too large to promote: still served
+    assert modules(ram) == []
+
+
+def test_entry_too_large_for_every_tier_is_refused(store_dir):
+    store = TieredStore([RamStore(10), DiskStore(store_dir, budget_bytes=20)])
+    with pytest.raises(EntryTooLargeError, match="disk budget of 20 bytes"):
+        store.put(key("a"), entry(P))
+
+
+def test_remove_forgets_every_tier(tiers):
+    store, ram, disk = tiers
+    for name in "abc":
+        store.put(key(name), entry(P))
+    store.get(key("a"))  # a in both tiers
+    assert store.remove(key("a")) is True
+    assert not ram.contains(key("a")) and not disk.contains(key("a"))
+    assert store.remove(key("a")) is False
+
+
+def test_a_second_process_is_served_from_disk(tiers, store_dir):
+    store, _, _ = tiers
+    for name in "abc":
+        store.put(key(name), entry(P))
+    later = TieredStore([RamStore(10 * P), DiskStore(store_dir)])
+    assert later.get(key("a")) == Hit(entry(P), "disk")
+    assert later.get(key("a")) == Hit(entry(P), "ram")
+    assert later.get(key("c")) is None  # never left the first process's RAM (write-back)
+
+
+def test_prefetch_loads_a_group_together(tiers):
+    store, ram, disk = tiers
+    for name in "abcd":
+        store.put(key(name), entry(P))  # ram: c, d; disk: a, b
+    served = store.prefetch([key("a"), key("b"), key("x")])
+    assert served == {key("a"): "disk", key("b"): "disk", key("x"): None}
+    assert modules(ram) == ["a", "b"]
+    assert modules(disk) == ["a", "b", "c", "d"]
+
+
+def test_prefetch_touches_members_already_in_ram_first(tiers):
+    store, ram, disk = tiers
+    for name in "abc":
+        store.put(key(name), entry(P))  # ram: b, c; disk: a
+    # without the touch, loading a would evict b (the oldest), a member of the group
+    assert store.prefetch([key("b"), key("a")]) == {key("b"): "ram", key("a"): "disk"}
+    assert modules(ram) == ["b", "a"]
+
+
+def test_prefetch_of_a_group_larger_than_ram_warns(tiers, caplog):
+    store, ram, disk = tiers
+    for name in "abcd":
+        store.put(key(name), entry(P))
+    caplog.set_level(logging.WARNING)
+    served = store.prefetch([key(n) for n in "abcd"])
+    assert set(served.values()) == {"ram", "disk"}
+    assert any("prefetch: group of 4 modules" in r.getMessage() for r in caplog.records)
+    assert ram.bytes_used <= ram.budget_bytes
+
+
+def test_failed_demotion_is_logged_and_dropped(tiers, monkeypatch, caplog):
+    store, ram, disk = tiers
+    store.put(key("a"), entry(P))
+    store.put(key("b"), entry(P))
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    caplog.set_level(logging.WARNING)
+    assert store.put(key("c"), entry(P)) == "ram"  # a is evicted and cannot be written
+    monkeypatch.undo()
+    assert modules(ram) == ["b", "c"] and not disk.contains(key("a"))
+    assert any("could not demote" in r.getMessage() for r in caplog.records)
+    assert store.get(key("a")) is None  # a miss: the engine re-encodes
+
+
+def test_tiers_are_an_explicit_ordered_list(store_dir):
+    ram, disk = RamStore(P), DiskStore(store_dir)
+    assert TieredStore([ram, disk]).tiers == (ram, disk)
+    assert TieredStore([ram, disk]).tier("disk") is disk
+    with pytest.raises(KeyError, match=r"tiers are \['ram', 'disk'\]"):
+        TieredStore([ram, disk]).tier("gpu")
+    with pytest.raises(ValueError, match="at least one tier"):
+        TieredStore([])
+    with pytest.raises(ValueError, match="distinct"):
+        TieredStore([ram, RamStore(P)])
+
+
+def test_three_tiers_cascade(store_dir):
+    small, big, disk = RamStore(P), RamStore(2 * P, name="ram2"), DiskStore(store_dir)
+    store = TieredStore([small, big, disk])
+    for name in "abcd":
+        store.put(key(name), entry(P))
+    assert modules(small) == ["d"] and modules(big) == ["b", "c"] and modules(disk) == ["a"]
+    assert store.get(key("a")) == Hit(entry(P), "disk")
+    assert modules(small) == ["a"] and modules(big) == ["c", "d"] and modules(disk) == ["a", "b"]

@@ -1,0 +1,102 @@
+"""The CLI: thin commands, JSON that is the library's Result, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pc_cpu.cli import cli, main
+
+SCHEMA = """<schema name="s">
+  <module name="doc">A short note about boats and the sea.</module>
+  <union name="pick"><module name="a">Option a.</module><module name="b">Option b, longer.</module></union>
+  <module name="ask">Say it in <param name="tone" len="4"/>.</module>
+</schema>"""
+
+
+@pytest.fixture
+def schema_file(tmp_path):
+    path = tmp_path / "s.pml"
+    path.write_text(SCHEMA)
+    return str(path)
+
+
+def run_main(args, capsys, stdin=None, monkeypatch=None):
+    """Runs the real entry point (as the console script does) and returns (exit code, stdout, stderr)."""
+    if stdin is not None:
+        import io
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_run_json_prints_the_result(tiny_model_path, schema_file, capsys):
+    code, out, _ = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file,
+                             "--model", str(tiny_model_path), "--max-tokens", "4", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["modules"] == ["doc"] and len(data["token_ids"]) == 4
+    assert {"text", "ttft_ms", "total_ms", "cached_tokens", "uncached_tokens"} <= set(data)
+
+
+def test_run_reads_the_prompt_from_stdin_and_no_cache_is_the_baseline(tiny_model_path, schema_file, capsys,
+                                                                       monkeypatch):
+    code, out, _ = run_main(["run", "-", "--schema", schema_file, "--model", str(tiny_model_path),
+                             "--max-tokens", "3", "--no-cache", "--json"], capsys,
+                            stdin='<prompt schema="s"><doc/> More:</prompt>', monkeypatch=monkeypatch)
+    assert code == 0
+    data = json.loads(out)
+    assert data["use_cache"] is False and data["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ('<prompt schema="s"><a/><b/></prompt>', "union 'pick'"),
+    ('<prompt schema="s"><nope/></prompt>', "no module 'nope'"),
+    ('<prompt schema="s"><ask/></prompt>', "needs an argument for param 'tone'"),
+    ('<prompt schema="s"><ask tone="one two three four five six"/></prompt>', "len=4"),
+    ('<prompt schema="s"><doc colour="red"/></prompt>', "has no param 'colour'"),
+    ('<prompt schema="zzz"><doc/></prompt>', "schema 'zzz' is not loaded"),
+    ('<prompt schema="s"><doc>', "not well-formed"),
+    ("no-such-file.pml", "neither a file nor PML"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(tiny_model_path, schema_file, capsys, prompt, message):
+    code, out, err = run_main(["run", prompt, "--schema", schema_file, "--model", str(tiny_model_path)], capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_missing_model_file_is_a_clear_error(schema_file, capsys):
+    code, _, err = run_main(["run", '<prompt schema="s"><doc/></prompt>', "--schema", schema_file,
+                             "--model", "/nonexistent/model.gguf"], capsys)
+    assert code == 2 and "model file" in err
+
+
+def test_inspect_json_lists_nodes_with_positions(tiny_model_path, schema_file):
+    result = CliRunner().invoke(cli, ["inspect", schema_file, "--model", str(tiny_model_path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["schema"] == "s"
+    by_name = {n["name"]: n for n in data["nodes"]}
+    assert by_name["a"]["start"] == by_name["b"]["start"] == by_name["pick"]["start"]
+    assert by_name["pick"]["length"] == max(by_name["a"]["length"], by_name["b"]["length"])
+    assert by_name["tone"] == {"name": "tone", "kind": "param", "start": by_name["tone"]["start"], "length": 4,
+                               "parent": "ask"}
+    assert {n["kind"] for n in data["nodes"]} <= {"text", "module", "union", "param", "scaffold"}
+    assert data["length"] == max(n["start"] + n["length"] for n in data["nodes"])
+
+
+def test_inspect_table_is_readable(tiny_model_path, schema_file):
+    result = CliRunner().invoke(cli, ["inspect", schema_file, "--model", str(tiny_model_path)])
+    assert result.exit_code == 0
+    assert "union" in result.output and "schema 's'" in result.output
+
+
+def test_help_needs_no_model():
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0 and "run" in result.output and "demo" in result.output
