@@ -75,3 +75,15 @@ def cell_positions(ctx, seq: int, end: int, probe: int) -> list[int]:
             found.append(pos)
     ctx.seq_rm(probe)
     return found
+
+
+def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool):
+    """Returns the last-token logits after building `prompt`'s KV cache (cached or full prefill)."""
+    from pc_cpu.cache import PROMPT_SEQ
+
+    cache.load_schema(schema, encode=use_cache)
+    plan = cache.plan(prompt)
+    cache.prefill(plan, use_cache=use_cache)
+    logits = cache.ctx.logits()
+    cache.ctx.seq_rm(PROMPT_SEQ)
+    return logits

@@ -13,8 +13,8 @@ implementation, which produces the same bytes. Both expose ``scan``, ``splice_si
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import logging
-from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -98,12 +98,30 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 
 def library_path() -> Path | None:
-    """The library file next to the pc_cpu package, or None."""
+    """Returns the built library: next to the package, else in the installed pc_cpu distribution.
+
+    The second place matters when tests run from a source checkout: `import pc_cpu` then finds
+    the source tree (no compiled library in it) while `pip install .` put the library in
+    site-packages.
+    """
     package_dir = Path(__file__).resolve().parent.parent
-    return next((package_dir / n for n in _LIB_NAMES if (package_dir / n).is_file()), None)
+    here = next((package_dir / n for n in _LIB_NAMES if (package_dir / n).is_file()), None)
+    return here or _installed_library()
 
 
-@lru_cache(maxsize=1)
+def _installed_library() -> Path | None:
+    try:
+        files = importlib.metadata.distribution("pc_cpu").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name in _LIB_NAMES:
+            path = Path(file.locate()).resolve()
+            if path.is_file():
+                return path
+    return None
+
+
 def _lib() -> ctypes.CDLL | None:
     path = library_path()
     if path is None:

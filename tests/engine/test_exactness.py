@@ -6,24 +6,14 @@ Comparisons use like cell layouts (a fresh context for the baseline), see DESIGN
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from pc_cpu.cache import PROMPT_SEQ
+from tests.conftest import prefill_logits
 
 DOC = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, trimmed the wick, "
        "polished the great lens and wrote the weather into a leather book.")
 PLAIN_SCHEMA = f'<schema name="s"><module name="doc">{DOC}</module><module name="other">Unrelated words.</module></schema>'
 CHAT_SCHEMA = (f'<schema name="c"><system>You answer briefly.</system><user><module name="doc">{DOC}</module>'
                '</user></schema>')
-
-
-def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool) -> np.ndarray:
-    cache.load_schema(schema, encode=use_cache)
-    plan = cache.plan(prompt)
-    cache.prefill(plan, use_cache=use_cache)
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
-    return logits
 
 
 def test_module_at_position_zero_gives_the_full_prefill_logits(make_cache):

@@ -10,6 +10,7 @@ from pc_cpu.errors import PromptError, SchemaError
 from pc_cpu.pml.encoding import scaffold_key
 from pc_cpu.pml.plan import CopyCells, DecodeTokens
 from pc_cpu.store.state_blob import _layout_parse
+from tests.conftest import prefill_logits
 from tests.conftest import cell_positions
 
 DOC_A = "The lighthouse keeper climbed the spiral stairs every evening at dusk and trimmed the wick."
@@ -27,15 +28,6 @@ GAPPED = (f'<schema name="g"><scaffold name="both"><module name="a">{DOC_A}</mod
 NESTED = ('<schema name="n"><scaffold name="sc"><module name="p">Outer text <module name="c">inner text</module>'
           ' more outer text</module></scaffold></schema>')
 QUESTION = " What did the keeper polish?"
-
-
-def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool) -> np.ndarray:
-    cache.load_schema(schema, encode=use_cache)
-    plan = cache.plan(prompt)
-    cache.prefill(plan, use_cache=use_cache)
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
-    return logits
 
 
 def sources(plan) -> dict[str, set]:
