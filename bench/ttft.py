@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--plain", action="store_true",
+                        help="no chat roles: fewer computed tokens (no template markup around the question)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -44,12 +46,19 @@ def main() -> None:
     pc = PromptCache(args.model, threads=args.threads, n_ctx=2 * args.tokens + 2048)
     modules = document_modules(pc, args.tokens)
     body = "".join(f'<module name="{n}">{t}</module>' for n, t in modules)
-    schema = f'<schema name="bench"><system>Answer from the documents.</system><user>{body}</user></schema>'
+    if args.plain:
+        schema = f'<schema name="bench">Answer from the documents. {body}</schema>'
+    else:
+        schema = f'<schema name="bench"><system>Answer from the documents.</system><user>{body}</user></schema>'
     t0 = time.perf_counter()
     pc.load_schema(schema)
     encode_s = time.perf_counter() - t0
     imports = "".join(f"<{n}/>" for n, _ in modules)
-    prompt = f'<prompt schema="bench">{imports}<user>When was the Calder Light automated?</user></prompt>'
+    question = "When was the Calder Light automated?"
+    if args.plain:
+        prompt = f'<prompt schema="bench">{imports} Q: {question} A:</prompt>'
+    else:
+        prompt = f'<prompt schema="bench">{imports}<user>{question}</user></prompt>'
 
     pc.generate(prompt, max_tokens=1)  # warm-up: first-call allocations
     cached, baseline = [], []
