@@ -185,8 +185,9 @@ class PromptCache:
     def prefill(self, plan: Plan, *, use_cache: bool) -> int:
         """Builds the prompt's KV cache (cached assembly or full prefill); returns the next position."""
         if use_cache:
-            layout = self.layout(plan.schema)
-            encode_schema(self.ctx, layout, self._resident, mode=self.encoding, scratch=SCRATCH_SEQ)
+            if not all(self._resident.contains((plan.schema, key)) for key in plan.encodings):
+                encode_schema(self.ctx, self.layout(plan.schema), self._resident, mode=self.encoding,
+                              scratch=SCRATCH_SEQ)
             assemble(self.ctx, plan, PROMPT_SEQ, lambda encoding: self._resident.get((plan.schema, encoding)))
             return plan.end
         tokens = plan.tokens

@@ -22,17 +22,28 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
     for job in encode_jobs(layout, module, mode):
         ctx.seq_rm(scratch)
         try:
-            sources = [(library_of(m), start, end) for m, start, end in job.shared_context]
-            if sources and all(seq is not None for seq, _, _ in sources):
-                for seq, start, end in sources:
-                    ctx.seq_cp(seq, scratch, start, end)
-                ctx.decode(job.run.tokens, range(job.run.start, job.run.end), scratch, logits_last=False)
-            else:
-                ctx.decode(job.context + job.run.tokens, range(job.first_position, job.run.end), scratch,
-                           logits_last=False)
+            _decode_after_context(ctx, scratch, job.shared_context, job.context, job.run.tokens, job.run.start,
+                                  library_of)
             ctx.seq_cp(scratch, library, job.run.start, job.run.end)
         finally:
             ctx.seq_rm(scratch)
+
+
+def _decode_after_context(ctx: Context, scratch: int, shared_context, context: tuple[int, ...],
+                          tokens: tuple[int, ...], start: int, library_of: Callable[[str], int | None]) -> None:
+    """Computes `tokens` at [start, ...) in the empty `scratch` sequence, after their context.
+
+    The context's cells are shared from resident encodings when `shared_context` names
+    them all; otherwise the context tokens are computed right before `start`.
+    """
+    sources = [(library_of(m), a, b) for m, a, b in shared_context]
+    if sources and all(seq is not None for seq, _, _ in sources):
+        for seq, a, b in sources:
+            ctx.seq_cp(seq, scratch, a, b)
+        ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False)
+    else:
+        first = start - len(context)
+        ctx.decode(context + tokens, range(first, start + len(tokens)), scratch, logits_last=False)
 
 
 def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int,
@@ -50,14 +61,8 @@ def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: in
     ctx.seq_rm(scratch)
     moved = False
     try:
-        sources = [(library_of(m), start, end) for m, start, end in job.shared_context]
-        end = job.runs[0].start + job.n_tokens
-        if sources and all(seq is not None for seq, _, _ in sources):
-            for seq, start, stop in sources:
-                ctx.seq_cp(seq, scratch, start, stop)
-            ctx.decode(job.tokens, range(job.runs[0].start, end), scratch, logits_last=False)
-        else:
-            ctx.decode(job.context + job.tokens, range(job.first_position, end), scratch, logits_last=False)
+        _decode_after_context(ctx, scratch, job.shared_context, job.context, job.tokens, job.runs[0].start,
+                              library_of)
         # Last run first: each moves forward onto positions no run still to move occupies.
         for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
             if run.start != computed:

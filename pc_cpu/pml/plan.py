@@ -67,6 +67,11 @@ class Plan:
     ops: tuple[Op, ...]  # strictly increasing positions
     modules: tuple[str, ...]  # imported modules (ROOT first), in position order
 
+    @property
+    def encodings(self) -> frozenset[str]:
+        """Returns the keys of every encoding the plan shares cells from."""
+        return frozenset(op.encoding for op in self.ops if isinstance(op, CopyCells))
+
     def encoding_of(self, module: str) -> str:
         """Returns the key of the encoding the plan shares `module`'s cells from (its own or a scaffold's)."""
         return next((op.encoding for op in self.ops if isinstance(op, CopyCells) and op.module == module), module)
