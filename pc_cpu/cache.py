@@ -13,6 +13,7 @@ keep encoded modules resident (pc_cpu.store.resident).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 import time
 from dataclasses import dataclass
@@ -20,20 +21,24 @@ from typing import Iterator, Sequence
 
 from pc_cpu.engine.assembler import assemble
 from pc_cpu.engine.context import Context, ContextConfig
-from pc_cpu.engine.encoder import drop_module, encode_schema
+from pc_cpu.engine.encoder import drop_module
 from pc_cpu.engine.generator import Finish, generate_tokens
 from pc_cpu.engine.model import Model
+from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import Sampler, SamplingParams
 from pc_cpu.errors import ContextOverflowError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.pml.encoding import check_mode, check_scaffolds, scaffold_cells, scratch_cells
+from pc_cpu.pml.encoding import check_mode, check_scaffolds, encoding_keys, encoding_runs, scratch_cells
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.roles import markup_from_template
 from pc_cpu.pml.schema import Schema, parse_schema
 from pc_cpu.result import Result
+from pc_cpu.store.disk import DiskStore, default_store_dir
+from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
+from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0
 SCRATCH_SEQ = 1
@@ -51,7 +56,8 @@ class PromptCache:
 
     def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
                  threads: int | None = None, n_seq_max: int = 64, encoding: str = "preamble",
-                 flash_attn: bool | None = None, verbose: bool = False):
+                 flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
+                 ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, verbose: bool = False):
         """Loads the model and creates the context.
 
         Args:
@@ -61,6 +67,8 @@ class PromptCache:
             n_seq_max: sequence ids (2..256); union members each need their own.
             encoding: "preamble" (modules see the schema text before them) or "independent".
             flash_attn: None lets llama.cpp choose.
+            store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
+            ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
             verbose: show llama.cpp's own log.
         """
         self.encoding = check_mode(encoding)
@@ -76,6 +84,8 @@ class PromptCache:
                                            eos_token=self.model.eos_text())
         self._schemas: dict[str, LoadedSchema] = {}
         self._resident = ResidentTier(list(range(FIRST_LIBRARY_SEQ, n_seq_max)))
+        self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+        self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=SCRATCH_SEQ, mode=self.encoding)
         self._lock = threading.RLock()  # one context: one prompt or encoding at a time
 
     # --- lifecycle ----------------------------------------------------------
@@ -110,7 +120,10 @@ class PromptCache:
                 loaded = LoadedSchema(schema, layout)
                 self._schemas[schema.name] = loaded
             if encode:
-                encode_schema(self.ctx, loaded.layout, self._resident, mode=self.encoding, scratch=SCRATCH_SEQ)
+                # One encoding at a time: a schema larger than the context evicts its own earlier
+                # modules from the context; they stay in the byte tiers.
+                for key in encoding_keys(loaded.layout, self.encoding):
+                    self.modules.ensure(loaded.layout, [key], source=schema.source)
         return loaded.schema
 
     def unload_schema(self, name: str) -> None:
@@ -149,13 +162,13 @@ class PromptCache:
         if layout.length >= self.ctx.n_ctx:
             raise ContextOverflowError(f"schema {layout.schema!r} spans {layout.length} positions but the context "
                                        f"has {self.ctx.n_ctx}; raise n_ctx or split the schema")
-        free = self.ctx.n_ctx - self._resident.cells
-        kept = layout.cached_cells + scaffold_cells(layout)
-        needed = kept + scratch_cells(layout, self.encoding)
-        if needed > free:
+        largest = max((len(r.tokens) for key in encoding_keys(layout, self.encoding)
+                       for r in encoding_runs(layout, key, self.encoding)), default=0)
+        needed = largest + scratch_cells(layout, self.encoding)
+        if needed > self.ctx.n_ctx:
             raise ContextOverflowError(
-                f"schema {layout.schema!r} needs {needed} KV cells to encode ({kept} kept), but only "
-                f"{free} of {self.ctx.n_ctx} are free; raise n_ctx or unload a schema")
+                f"schema {layout.schema!r} has an encoding that needs {needed} KV cells to compute, but the "
+                f"context has {self.ctx.n_ctx}; raise n_ctx or split the module")
 
     # --- prompts ------------------------------------------------------------
 
@@ -182,12 +195,22 @@ class PromptCache:
         """Returns an iterator of text pieces as they are generated; `.result` is set when it ends."""
         return Stream(self, prompt_pml, options)
 
+    def prepare(self, plan: Plan, *, use_cache: bool, reserve: int = 1) -> dict[str, str]:
+        """Makes the plan's encodings resident with room for the prompt; returns the tier that served each.
+
+        `reserve` is how many cells generation may add beyond the prompt's own.
+        """
+        loaded = self._loaded(plan.schema)
+        new_cells = plan.uncached_tokens if use_cache else len(plan.tokens)
+        keys = plan.encodings if use_cache else ()
+        return self.modules.ensure(loaded.layout, keys, source=loaded.schema.source, reserve=new_cells + reserve)
+
     def prefill(self, plan: Plan, *, use_cache: bool) -> int:
-        """Builds the prompt's KV cache (cached assembly or full prefill); returns the next position."""
+        """Builds the prompt's KV cache (cached assembly or full prefill); returns the next position.
+
+        The plan's encodings must be resident (see `prepare`).
+        """
         if use_cache:
-            if not all(self._resident.contains((plan.schema, key)) for key in plan.encodings):
-                encode_schema(self.ctx, self.layout(plan.schema), self._resident, mode=self.encoding,
-                              scratch=SCRATCH_SEQ)
             assemble(self.ctx, plan, PROMPT_SEQ, lambda encoding: self._resident.get((plan.schema, encoding)))
             return plan.end
         tokens = plan.tokens
@@ -214,6 +237,15 @@ class PromptCache:
             name = parse_schema(schema_pml).name
             if name not in self._schemas or self._schemas[name].schema.source != schema_pml:
                 self.load_schema(schema_pml)
+
+
+def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:
+    """Returns the byte tiers: RAM, then disk unless `store` is False."""
+    tiers = [RamStore(ram_bytes)]
+    if store is not False:
+        directory = default_store_dir() if store in (None, True) else Path(store).expanduser()
+        tiers.append(DiskStore(directory, budget_bytes=disk_bytes))
+    return TieredStore(tiers)
 
 
 class Stream:
@@ -248,6 +280,7 @@ class Stream:
         with cache._lock:
             t0 = time.perf_counter()
             plan = cache.plan(self._prompt)
+            tiers = cache.prepare(plan, use_cache=use_cache)
             room = cache.room_for_generation(plan, use_cache=use_cache)
             sampler = Sampler(sampling)
             tokens: list[int] = []
@@ -273,4 +306,4 @@ class Stream:
                                  total_ms=total, cached_tokens=plan.cached_tokens if use_cache else 0,
                                  uncached_tokens=plan.uncached_tokens if use_cache else len(plan.tokens),
                                  finish_reason=finish.reason, use_cache=use_cache,
-                                 modules=[m for m in plan.modules if m != ROOT])
+                                 modules=[m for m in plan.modules if m != ROOT], tiers=tiers)

@@ -16,6 +16,9 @@ class Result:
     finish_reason: str  # "stop" or "length"
     use_cache: bool
     modules: list[str] = field(default_factory=list)  # imported modules, in position order
+    # Where each encoding the prompt used came from: "context" (resident), "ram", "disk", or
+    # "encoded" (computed for this call). Keys are modules, "#root", or "scaffold:<name>".
+    tiers: dict[str, str] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:

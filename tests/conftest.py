@@ -21,6 +21,20 @@ def smollm2_path() -> pathlib.Path:
         pytest.skip(f"default model unavailable: {exc}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _store_in_a_temp_dir(tmp_path_factory):
+    """Points the disk tier at a temp dir, so tests never write to the user's cache."""
+    import os
+
+    old = os.environ.get("PC_CPU_STORE_DIR")
+    os.environ["PC_CPU_STORE_DIR"] = str(tmp_path_factory.mktemp("store"))
+    yield
+    if old is None:
+        del os.environ["PC_CPU_STORE_DIR"]
+    else:
+        os.environ["PC_CPU_STORE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A 2-layer random-weight Llama GGUF with SmolLM2's tokenizer, written once per session.

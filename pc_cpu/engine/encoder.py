@@ -1,11 +1,11 @@
-"""Encodes a schema's modules, and its scaffolds jointly, into resident library sequences (tier 0)."""
+"""Computes a schema's encodings (modules, and scaffolds jointly) into library sequences of the context."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.pml.encoding import ScaffoldJob, encode_jobs, scaffold_jobs
+from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, ScaffoldJob, encode_jobs, scaffold_job
 from pc_cpu.pml.layout import Layout
 from pc_cpu.store.resident import ResidentTier
 
@@ -89,37 +89,15 @@ def _apply_pending_shifts(ctx: Context, scratch: int) -> None:
         ctx.seq_rm(scratch)
 
 
-def encode_schema(ctx: Context, layout: Layout, resident: ResidentTier, *, mode: str, scratch: int) -> int:
-    """Encodes every module, then every scaffold, of `layout` not yet resident; returns the cells added.
-
-    A scaffold's joint encoding is kept under the key (schema, scaffold_key(name)).
-    """
-    library_of = lambda key: resident.get((layout.schema, key))  # noqa: E731
-    added = 0
-    for name in layout.modules:
-        runs = layout.cached_runs(name)
-        if not runs:
-            continue
-        added += _encode_into_library(ctx, resident, (layout.schema, name), runs, lambda library: encode_module(
-            ctx, layout, name, mode=mode, scratch=scratch, library=library, library_of=library_of))
-    for job in scaffold_jobs(layout, mode):
-        added += _encode_into_library(ctx, resident, (layout.schema, job.key), job.runs,
-                                      lambda library: encode_scaffold(ctx, job, scratch=scratch, library=library,
-                                                                      library_of=library_of))
-    return added
-
-
-def _encode_into_library(ctx: Context, resident: ResidentTier, key, runs, encode: Callable[[int], None]) -> int:
-    """Places `key` in a library sequence and encodes it there, unless already resident; returns cells added."""
-    if resident.contains(key):
-        return 0
-    library = resident.put(key, tuple((run.start, run.end) for run in runs))
-    try:
-        encode(library)
-    except Exception:
-        drop_module(ctx, resident, key)
-        raise
-    return sum(len(run.tokens) for run in runs)
+def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int,
+               library_of: Callable[[str], int | None]) -> None:
+    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` at its layout positions."""
+    if key.startswith(SCAFFOLD_PREFIX):
+        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        if job is not None:
+            encode_scaffold(ctx, job, scratch=scratch, library=library, library_of=library_of)
+    else:
+        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, library_of=library_of)
 
 
 def drop_module(ctx: Context, resident: ResidentTier, key) -> None:

@@ -187,3 +187,21 @@ def scaffold_cells(layout: Layout) -> int:
     """Returns the KV cells the scaffolds' joint encodings keep (on top of layout.cached_cells)."""
     return sum(len(run.tokens) for s in layout.scaffolds.values() for m in s.members
                for run in layout.cached_runs(m))
+
+
+def encoding_keys(layout: Layout, mode: str) -> list[str]:
+    """Returns every encoding a schema keeps, in the order they must be made.
+
+    Modules come in document order (ROOT and parents before children, whose
+    context they may share), then the scaffolds' joint encodings.
+    """
+    modules = [name for name in layout.modules if layout.cached_runs(name)]
+    return modules + [job.key for job in scaffold_jobs(layout, mode)]
+
+
+def encoding_runs(layout: Layout, key: str, mode: str) -> tuple[Run, ...]:
+    """Returns the runs whose cells the encoding `key` (a module or scaffold_key) holds."""
+    if key.startswith(SCAFFOLD_PREFIX):
+        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        return job.runs if job else ()
+    return layout.cached_runs(key)

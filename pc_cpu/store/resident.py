@@ -42,6 +42,18 @@ class ResidentTier:
         library = self._where.get(key)
         return library.seq if library else None
 
+    def touch(self, key: ModuleKey) -> None:
+        """Marks `key` as just used: it becomes the last to be evicted."""
+        self._where[key] = self._where.pop(key)
+
+    def least_recent(self) -> list[ModuleKey]:
+        """Returns the resident keys, least recently used (put or touched) first."""
+        return list(self._where)
+
+    def cells_of(self, key: ModuleKey) -> int:
+        """Returns the KV cells `key` holds."""
+        return sum(b - a for a, b in self._where[key].intervals[key])
+
     def put(self, key: ModuleKey, intervals: tuple[Interval, ...]) -> int:
         """Returns the library sequence chosen for a module occupying `intervals` (first fit).
 

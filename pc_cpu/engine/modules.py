@@ -1,0 +1,141 @@
+"""Keeps a schema's encodings in the context (tier 0), backed by the byte tiers (RAM, disk).
+
+For each encoding a prompt needs (a module, or a scaffold's joint encoding):
+resident in the context → use it; else in a byte tier → restore its state blob;
+else → encode it, and write the new state through to every byte tier, so that a
+later process (or a later prompt, after eviction) gets it back without computing.
+When the context runs out of cells, the least recently used encodings are
+evicted from it; their bytes stay in the tiers below.
+
+The tiers say which one served each encoding ("context", "ram", "disk" or
+"encoded"): what Result.tiers reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.encoder import drop_module, encode_key
+from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError, StoreError
+from pc_cpu.pml.encoding import encoding_keys, encoding_runs, scratch_cells
+from pc_cpu.pml.layout import Layout, Run
+from pc_cpu.store import native, state_blob
+from pc_cpu.store.entry import Entry
+from pc_cpu.store.keys import StoreKey, schema_hash
+from pc_cpu.store.resident import ResidentTier
+from pc_cpu.store.tiers import TieredStore
+
+log = logging.getLogger(__name__)
+
+TIER_CONTEXT = "context"
+TIER_ENCODED = "encoded"
+
+
+class ModuleCache:
+    """Makes encodings resident on demand; one instance per context."""
+
+    def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int,
+                 mode: str):
+        self.ctx = ctx
+        self.resident = resident
+        self.store = store
+        self.scratch = scratch
+        self.mode = mode
+        self.model_id = ctx.model.info.fingerprint
+        self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
+        self._blobs = native if native.available() else state_blob
+
+    def ensure(self, layout: Layout, keys: Iterable[str], *, source: str, reserve: int = 0) -> dict[str, str]:
+        """Makes every encoding in `keys` resident, leaving `reserve` cells free; returns the tier of each.
+
+        Raises:
+            ContextOverflowError: the encodings and the reserve do not fit in the context together.
+        """
+        wanted = set(keys)
+        ordered = [key for key in encoding_keys(layout, self.mode) if key in wanted]
+        keep = {(layout.schema, key) for key in ordered}
+        digest = schema_hash(source)
+        served = {key: self._ensure_one(layout, key, digest, keep) for key in ordered}
+        self._make_room(reserve, keep)
+        return served
+
+    def _ensure_one(self, layout: Layout, key: str, digest: str, keep: set) -> str:
+        resident_key = (layout.schema, key)
+        if self.resident.contains(resident_key):
+            self.resident.touch(resident_key)
+            return TIER_CONTEXT
+        runs = encoding_runs(layout, key, self.mode)
+        cells = sum(len(run.tokens) for run in runs)
+        store_key = StoreKey(self.model_id, digest, key, self.mode)
+        hit = self.store.get(store_key) if self.store else None
+        self._make_room(cells + (0 if hit else scratch_cells(layout, self.mode)), keep)
+        library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
+        try:
+            if hit is not None:
+                if self._restore(hit.entry, runs, library):
+                    return hit.tier
+                log.warning("stored state of %s does not fit this context; re-encoding it", store_key.describe())
+                self.store.remove(store_key)
+            encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library,
+                       library_of=lambda other: self.resident.get((layout.schema, other)))
+            self.encoded += 1
+        except Exception:
+            drop_module(self.ctx, self.resident, resident_key)
+            raise
+        self._save(store_key, library, runs)
+        return TIER_ENCODED
+
+    def _make_room(self, cells: int, keep: set) -> None:
+        """Evicts least recently used encodings (not in `keep`) until `cells` KV cells are free."""
+        for victim in self.resident.least_recent():
+            if self.ctx.n_ctx - self.resident.cells >= cells:
+                return
+            if victim not in keep:
+                drop_module(self.ctx, self.resident, victim)
+        if self.ctx.n_ctx - self.resident.cells < cells:
+            raise ContextOverflowError(
+                f"this prompt needs {cells} free KV cells beside its modules, but only "
+                f"{self.ctx.n_ctx - self.resident.cells} of {self.ctx.n_ctx} are free after evicting every "
+                "module it does not use; raise n_ctx or import fewer modules")
+
+    # --- bytes in and out -----------------------------------------------------
+
+    def _save(self, store_key: StoreKey, library: int, runs: tuple[Run, ...]) -> None:
+        """Writes the encoding's state bytes through to every byte tier (best effort, logged)."""
+        if self.store is None or not runs:
+            return
+        try:
+            for run in runs:
+                self.ctx.seq_cp(library, self.scratch, run.start, run.end)
+            payload = self.ctx.state_get(self.scratch)
+        finally:
+            self.ctx.seq_rm(self.scratch)
+        entry = Entry(payload, sum(len(r.tokens) for r in runs), (runs[0].start, runs[-1].end))
+        for tier in self.store.tiers:
+            try:
+                tier.put(store_key, entry)  # what a tier evicts is already in the tiers below
+            except StoreError as exc:
+                log.warning("%s: not stored in %s: %s", store_key.describe(), tier.name, exc)
+
+    def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int) -> bool:
+        """Loads `entry`'s cells into `library`; returns False when they are not the cells `runs` need."""
+        expected = sum(len(r.tokens) for r in runs)
+        try:
+            info = self._blobs.scan(entry.payload)  # refuses malformed bytes before llama.cpp sees them
+        except StateBlobError as exc:
+            log.warning("stored state is malformed (%s)", exc)
+            return False
+        if (info.n_cell, info.pos_min, info.pos_max + 1) != (expected, runs[0].start, runs[-1].end):
+            return False
+        try:
+            self.ctx.state_set(self.scratch, entry.payload)
+            for run in runs:
+                self.ctx.seq_cp(self.scratch, library, run.start, run.end)
+        except EngineError as exc:
+            log.warning("llama.cpp refused a stored state (%s)", exc)
+            return False
+        finally:
+            self.ctx.seq_rm(self.scratch)
+        return True

@@ -1,0 +1,111 @@
+"""Encodings survive eviction and restarts: restored from RAM or disk, re-encoded when damaged or foreign."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pc_cpu.cache import PROMPT_SEQ
+from tests.conftest import cell_positions
+from tests.tiny_gguf import write_tiny_llama_gguf
+
+DOCS = {name: f"Document {name}: " + " ".join(f"{name}{i} fact number {i}." for i in range(12)) for name in "abc"}
+SCHEMA = ('<schema name="t">Read this. <union name="doc">'
+          + "".join(f'<module name="{n}">{t}</module>' for n, t in DOCS.items()) + "</union></schema>")
+
+
+def prompt(name: str) -> str:
+    return f'<prompt schema="t"><{name}/> What number comes after eleven?</prompt>'
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    return tmp_path / "store"
+
+
+def answers(cache) -> dict[str, list[int]]:
+    return {name: cache.generate(prompt(name), max_tokens=6).token_ids for name in DOCS}
+
+
+def test_a_second_process_serves_from_disk_without_encoding(make_cache, store_dir):
+    first = make_cache(store=store_dir)
+    first.load_schema(SCHEMA)
+    expected = answers(first)
+    second = make_cache(store=store_dir)  # a fresh context and RAM tier: only the files are shared
+    second.load_schema(SCHEMA, encode=False)
+    result = second.generate(prompt("b"), max_tokens=6)
+    assert result.tiers == {"#root": "disk", "b": "disk"}
+    assert second.modules.encoded == 0
+    assert result.token_ids == expected["b"]
+
+
+def test_evicted_modules_come_back_from_ram_with_the_same_answers(make_cache, store_dir):
+    roomy = make_cache(store=False)
+    roomy.load_schema(SCHEMA)
+    expected = answers(roomy)
+    cells = roomy.layout("t").modules["a"].n_tokens
+    tight = make_cache(store=False, n_ctx=2 * cells + 40)  # room for one document at a time
+    tight.load_schema(SCHEMA)
+    assert tight.resident_cells < roomy.resident_cells  # the schema does not fit: some were evicted
+    assert answers(tight) == expected
+    again = tight.generate(prompt("a"), max_tokens=6)
+    assert again.tiers["a"] == "ram" and again.token_ids == expected["a"]
+    assert tight.modules.encoded == roomy.modules.encoded  # nothing encoded twice
+
+
+def test_restored_cells_sit_at_the_layout_positions(make_cache, store_dir):
+    make_cache(store=store_dir).load_schema(SCHEMA)
+    cache = make_cache(store=store_dir)
+    cache.load_schema(SCHEMA, encode=False)
+    plan = cache.plan(prompt("c"))
+    assert cache.prepare(plan, use_cache=True)["c"] == "disk"
+    cache.prefill(plan, use_cache=True)
+    assert cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, probe=cache.ctx.n_seq_max - 1) == list(plan.positions)
+
+
+def damage_flip(path):
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def damage_truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def damage_garbage(path):
+    path.write_bytes(b"not a store file at all" * 10)
+
+
+@pytest.mark.parametrize("damage", [damage_flip, damage_truncate, damage_garbage], ids=["flip", "truncate", "garbage"])
+def test_damaged_store_files_are_reported_once_and_re_encoded(make_cache, store_dir, damage, caplog):
+    clean = make_cache(store=store_dir)
+    clean.load_schema(SCHEMA)
+    expected = answers(clean)
+    for path in store_dir.glob("*.pcs"):
+        damage(path)
+    with caplog.at_level(logging.WARNING):
+        cache = make_cache(store=store_dir)
+        cache.load_schema(SCHEMA, encode=False)
+        result = cache.generate(prompt("a"), max_tokens=6)
+    assert result.tiers == {"#root": "encoded", "a": "encoded"}
+    assert result.token_ids == expected["a"]
+    assert answers(cache) == expected
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == len(DOCS) + 1  # once per file
+
+
+def test_another_models_states_are_never_used(make_cache, store_dir, tmp_path):
+    make_cache(store=store_dir).load_schema(SCHEMA)
+    other_model = write_tiny_llama_gguf(tmp_path / "other.gguf", seed=1)
+    cache = make_cache(other_model, store=store_dir)
+    cache.load_schema(SCHEMA, encode=False)
+    assert set(cache.generate(prompt("a"), max_tokens=2).tiers.values()) == {"encoded"}
+
+
+def test_store_false_keeps_nothing_on_disk(make_cache, store_dir, monkeypatch):
+    monkeypatch.setenv("PC_CPU_STORE_DIR", str(store_dir))
+    cache = make_cache(store=False)
+    cache.load_schema(SCHEMA)
+    assert not store_dir.exists() or not any(store_dir.iterdir())
+    assert [t.name for t in cache.store.tiers] == ["ram"]
