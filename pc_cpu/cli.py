@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -28,10 +29,16 @@ def _read_source(value: str, what: str) -> str:
         raise PromptCacheError(f"cannot read {what} file {value!r}: {exc}") from None
 
 
-def _open_cache(model, n_ctx, threads, encoding, verbose):
+def _open_cache(model, n_ctx, threads, encoding, verbose, store=None):
     from pc_cpu.cache import PromptCache  # imported late: loading llama.cpp is not needed for --help
 
-    return PromptCache(model, n_ctx=n_ctx, threads=threads, encoding=encoding, verbose=verbose)
+    return PromptCache(model, n_ctx=n_ctx, threads=threads, encoding=encoding, verbose=verbose, store=store)
+
+
+def _open_disk_store(store_dir):
+    from pc_cpu.store.disk import DiskStore  # no model needed to manage the files
+
+    return DiskStore(store_dir)
 
 
 model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
@@ -40,6 +47,8 @@ threads_option = click.option("--threads", type=click.IntRange(1, 512), default=
 ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=None,
                           help="KV cells for schemas and prompts (default: model's, at most 8192).")
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log.")
+store_option = click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
+                            help="Directory of encoded modules (default: $PC_CPU_STORE_DIR, else ~/.cache/pc_cpu/store).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,16 +70,18 @@ def cli() -> None:
 @click.option("--encoding", type=click.Choice(["preamble", "independent"]), default="preamble", show_default=True)
 @ctx_option
 @threads_option
+@store_option
+@click.option("--no-store", is_flag=True, help="Keep encoded modules in RAM only (nothing written to disk).")
 @click.option("--json", "as_json", is_flag=True, help="Print the Result as one JSON object.")
 @verbose_option
 def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, encoding, n_ctx,
-        threads, as_json, verbose):
+        threads, store_dir, no_store, as_json, verbose):
     """Answer PROMPT (a PML file, PML text, or - for stdin) using the modules of --schema files.
 
     Example: pc-cpu run '<prompt schema="demo"><harbor/><user>Who kept the light?</user></prompt>' --schema demo.pml
     """
     prompt_pml = _read_source(prompt, "prompt")
-    with _open_cache(model, n_ctx, threads, encoding, verbose) as pc:
+    with _open_cache(model, n_ctx, threads, encoding, verbose, store=False if no_store else store_dir) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"))
         stream = pc.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -83,8 +94,10 @@ def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, sto
         click.echo(json.dumps(result.to_dict()))
     else:
         click.echo()
+        served = ", ".join(f"{tier}: {n}" for tier, n in _count(result.tiers.values()).items())
         click.echo(f"[ttft {result.ttft_ms:.0f} ms | {result.cached_tokens} cached + {result.uncached_tokens} "
-                   f"computed prompt tokens | {len(result.token_ids)} tokens in {result.total_ms:.0f} ms]", err=True)
+                   f"computed prompt tokens | {len(result.token_ids)} tokens in {result.total_ms:.0f} ms"
+                   f"{' | modules from ' + served if served else ''}]", err=True)
 
 
 @cli.command()
@@ -132,6 +145,86 @@ def demo(model, threads, as_json, verbose):
             click.echo(f"  cached    ttft {cached.ttft_ms:7.0f} ms : {cached.text.strip()}")
             click.echo(f"  baseline  ttft {baseline.ttft_ms:7.0f} ms : {baseline.text.strip()}")
             click.echo(f"  speedup   {baseline.ttft_ms / cached.ttft_ms:.1f}x")
+
+
+@cli.group()
+def store():
+    """Manage encoded modules saved on disk (the store's slowest tier).
+
+    Example: pc-cpu store ls --store ~/.cache/pc_cpu/store
+    """
+
+
+@store.command("ls")
+@store_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
+def store_ls(store_dir, as_json):
+    """List stored modules, least recently used first."""
+    listing = _open_disk_store(store_dir).ls()
+    for item in listing:
+        row = {"id": item.path.stem, "module": item.key.module, "mode": item.key.mode, "tokens": item.n_tokens,
+               "positions": list(item.positions), "bytes": item.size_bytes, "schema": item.key.schema_hash[:12],
+               "model": item.key.model[:12], "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(item.last_used))}
+        click.echo(json.dumps(row) if as_json else
+                   f"{row['id'][:12]}  {row['module']:<20} {row['mode']:<11} {row['tokens']:>6} tok "
+                   f"{_human_bytes(row['bytes']):>10}  {row['last_used']}")
+    if not as_json:
+        click.echo(f"{len(listing)} entries, {_human_bytes(sum(i.size_bytes for i in listing))}", err=True)
+
+
+@store.command()
+@store_option
+@click.option("--delete", is_flag=True, help="Also delete the bad files.")
+def verify(store_dir, delete):
+    """Check every stored file (header, checksums); exit code 1 if any is bad."""
+    bad = _open_disk_store(store_dir).verify(delete=delete)
+    for item in bad:
+        click.echo(f"bad: {item.path.name}: {item.reason}: {item.message}")
+    click.echo(f"{len(bad)} bad file(s){' deleted' if delete and bad else ''}", err=True)
+    if bad:
+        sys.exit(1)
+
+
+@store.command()
+@click.argument("ids", nargs=-1, required=True)
+@store_option
+def rm(ids, store_dir):
+    """Remove stored modules by id (a prefix of the id `ls` shows is enough)."""
+    disk = _open_disk_store(store_dir)
+    entries = {item.path.stem: item.key for item in disk.ls()}
+    for prefix in ids:
+        matches = [digest for digest in entries if digest.startswith(prefix)]
+        if len(matches) != 1:
+            raise PromptCacheError(f"id {prefix!r} matches {len(matches)} stored modules; give a longer prefix "
+                                   "from `pc-cpu store ls`" if matches else f"no stored module has id {prefix!r}")
+        disk.remove(entries[matches[0]])
+        click.echo(f"removed {matches[0][:12]} ({entries[matches[0]].module})")
+
+
+@store.command()
+@store_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def clear(store_dir, yes):
+    """Delete every stored module."""
+    disk = _open_disk_store(store_dir)
+    if not yes:
+        click.confirm(f"delete every stored module in {disk.directory}?", abort=True)
+    click.echo(f"removed {disk.clear()} entries")
+
+
+def _count(values) -> dict:
+    counts: dict = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 def main(argv: list[str] | None = None) -> None:

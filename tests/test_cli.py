@@ -100,3 +100,40 @@ def test_inspect_table_is_readable(tiny_model_path, schema_file):
 def test_help_needs_no_model():
     result = CliRunner().invoke(cli, ["--help"])
     assert result.exit_code == 0 and "run" in result.output and "demo" in result.output
+
+
+def test_store_commands_list_verify_and_remove_entries(tiny_model_path, schema_file, tmp_path, capsys):
+    store = str(tmp_path / "store")
+    code, _, err = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+                             str(tiny_model_path), "--max-tokens", "2", "--store", store], capsys)
+    assert code == 0 and "modules from" in err
+    code, out, _ = run_main(["store", "ls", "--store", store, "--json"], capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and {r["module"] for r in rows} == {"doc", "a", "b", "ask"}  # no preamble, no BOS: no #root
+    assert run_main(["store", "verify", "--store", store], capsys)[0] == 0
+    doc_id = next(r["id"] for r in rows if r["module"] == "doc")
+    code, out, _ = run_main(["store", "rm", doc_id[:10], "--store", store], capsys)
+    assert code == 0 and "removed" in out
+    code, _, err = run_main(["store", "rm", doc_id[:10], "--store", store], capsys)
+    assert code == 2 and "no stored module" in err
+    code, out, _ = run_main(["store", "clear", "--yes", "--store", store], capsys)
+    assert code == 0 and run_main(["store", "ls", "--store", store, "--json"], capsys)[1] == ""
+
+
+def test_store_verify_reports_a_damaged_file_with_exit_code_1(tiny_model_path, schema_file, tmp_path, capsys):
+    store = tmp_path / "store"
+    run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+              str(tiny_model_path), "--max-tokens", "1", "--store", str(store)], capsys)
+    victim = next(store.glob("*.pcs"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # payload damage: only a full check (verify, or a read) can see it
+    victim.write_bytes(bytes(data))
+    code, out, _ = run_main(["store", "verify", "--store", str(store)], capsys)
+    assert code == 1 and victim.name in out
+
+
+def test_run_no_store_writes_nothing(tiny_model_path, schema_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PC_CPU_STORE_DIR", str(tmp_path / "env-store"))
+    code, _, _ = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+                           str(tiny_model_path), "--max-tokens", "1", "--no-store"], capsys)
+    assert code == 0 and not (tmp_path / "env-store").exists()

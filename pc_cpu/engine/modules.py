@@ -14,6 +14,7 @@ The tiers say which one served each encoding ("context", "ram", "disk" or
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Iterable
 
 from pc_cpu.engine.context import Context
@@ -25,7 +26,7 @@ from pc_cpu.store import native, state_blob
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey, schema_hash
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.store.tiers import TieredStore
+from pc_cpu.store.tiers import Hit, TieredStore
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class ModuleCache:
         runs = encoding_runs(layout, key, self.mode)
         cells = sum(len(run.tokens) for run in runs)
         store_key = StoreKey(self.model_id, digest, key, self.mode)
-        hit = self.store.get(store_key) if self.store else None
+        hit = self._lookup(layout, key, store_key)
         self._make_room(cells + (0 if hit else scratch_cells(layout, self.mode)), keep)
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
@@ -86,6 +87,22 @@ class ModuleCache:
             raise
         self._save(store_key, library, runs)
         return TIER_ENCODED
+
+    def _lookup(self, layout: Layout, key: str, store_key: StoreKey) -> Hit | None:
+        """Returns the stored entry of `key`; a union member brings its siblings into RAM with it.
+
+        Prompts pick one member of a union per call, so the next prompt likely wants a
+        sibling (paper §3.2.3): reading them together turns later disk reads into RAM hits.
+        """
+        if self.store is None:
+            return None
+        module = layout.modules.get(key)
+        if module is None or module.union is None:
+            return self.store.get(store_key)
+        members = layout.unions[module.union].members
+        served = self.store.prefetch([replace(store_key, module=m) for m in members])
+        hit = self.store.get(store_key)
+        return Hit(hit.entry, served[store_key]) if hit is not None and served.get(store_key) else hit
 
     def _make_room(self, cells: int, keep: set) -> None:
         """Evicts least recently used encodings (not in `keep`) until `cells` KV cells are free."""

@@ -109,3 +109,13 @@ def test_store_false_keeps_nothing_on_disk(make_cache, store_dir, monkeypatch):
     cache.load_schema(SCHEMA)
     assert not store_dir.exists() or not any(store_dir.iterdir())
     assert [t.name for t in cache.store.tiers] == ["ram"]
+
+
+def test_a_union_member_read_from_disk_brings_its_siblings_into_ram(make_cache, store_dir):
+    make_cache(store=store_dir).load_schema(SCHEMA)
+    cache = make_cache(store=store_dir)
+    cache.load_schema(SCHEMA, encode=False)
+    assert cache.generate(prompt("a"), max_tokens=1).tiers["a"] == "disk"
+    ram = cache.store.tier("ram")
+    assert {key.module for key in ram.keys()} >= set(DOCS)
+    assert cache.generate(prompt("b"), max_tokens=1).tiers["b"] == "ram"

@@ -1,0 +1,84 @@
+"""Builds the PML schemas and prompts of the accuracy tasks (the lost-in-the-middle prompt wording).
+
+Layouts of the passages (the issue's settings, kept apart in every table):
+- "single": all passages in ONE module (prefix-like reuse, the paper's own LongBench setting);
+- "modular": each passage its own module, encoded apart;
+- "scaffold": modular, plus a scaffold over all passages, so importing them all uses the joint encoding.
+`gap` puts that many filler passages (modules a prompt leaves out) before the passages a prompt imports.
+"""
+
+from __future__ import annotations
+
+from xml.sax.saxutils import escape
+
+from pc_cpu.benchmarks.evaldata import DocItem, KVItem, Passage
+
+LAYOUTS = ("single", "modular", "scaffold")
+QA_SYSTEM = ("Write a high-quality answer for the given question using only the provided search results "
+             "(some of which might be irrelevant).")
+KV_SYSTEM = "Extract the value corresponding to the specified key in the JSON object below."
+
+
+def pml_text(text: str) -> str:
+    """Returns text safe inside a PML element; newlines as &#10; so indentation trimming keeps them."""
+    return escape(text).replace("\n", "&#10;")
+
+
+def document_text(number: int, passage: Passage) -> str:
+    """Returns one search result as the model reads it (1-based `number`)."""
+    return f"Document [{number}](Title: {passage.title}) {passage.text}\n"
+
+
+def _modules(texts: list[str], layout: str, gap_texts: list[str]) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    gap = "".join(f'<module name="g{i}">{pml_text(t)}</module>' for i, t in enumerate(gap_texts))
+    if layout == "single":
+        return gap + f'<module name="docs">{pml_text("".join(texts))}</module>'
+    body = "".join(f'<module name="d{i}">{pml_text(t)}</module>' for i, t in enumerate(texts))
+    if layout == "scaffold":
+        body = f'<scaffold name="all">{body}</scaffold>'
+    return gap + body
+
+
+def _imports(count: int, layout: str) -> str:
+    return "<docs/>" if layout == "single" else "".join(f"<d{i}/>" for i in range(count))
+
+
+def qa_schema(name: str, item: DocItem, layout: str, *, gap: tuple[Passage, ...] = ()) -> str:
+    """Returns the schema of one N-document question: system message, then the passages in the user turn."""
+    texts = [document_text(i + 1, p) for i, p in enumerate(item.passages)]
+    gap_texts = [document_text(0, p) for p in gap]
+    return (f'<schema name="{name}"><system>{pml_text(QA_SYSTEM)}</system><user>'
+            f'{_modules(texts, layout, gap_texts)}</user></schema>')
+
+
+def qa_prompt(name: str, item: DocItem, layout: str) -> str:
+    """Returns the prompt importing every passage of the item and asking its question (uncached)."""
+    question = pml_text(f"Question: {item.question}\nAnswer:")
+    return f'<prompt schema="{name}">{_imports(len(item.passages), layout)}<user>{question}</user></prompt>'
+
+
+def kv_chunks(item: KVItem, chunk: int) -> list[str]:
+    """Returns the JSON object's lines, `chunk` pairs per piece; the pieces concatenate to valid JSON."""
+    lines = [f'"{k}": "{v}"' for k, v in item.pairs]
+    pieces = []
+    for start in range(0, len(lines), chunk):
+        part = lines[start:start + chunk]
+        last = start + chunk >= len(lines)
+        text = ",\n".join(part) + ("\n}\n" if last else ",\n")
+        pieces.append(("{\n" if start == 0 else "") + text)
+    return pieces
+
+
+def kv_schema(name: str, item: KVItem, layout: str, *, chunk: int) -> str:
+    """Returns the schema of one retrieval item: the pairs in modules of `chunk` pairs."""
+    return (f'<schema name="{name}"><system>{pml_text(KV_SYSTEM)}</system><user>'
+            f'{_modules(kv_chunks(item, chunk), layout, [])}</user></schema>')
+
+
+def kv_prompt(name: str, item: KVItem, layout: str, *, chunk: int) -> str:
+    """Returns the prompt importing every chunk and asking for the queried key's value."""
+    count = len(kv_chunks(item, chunk))
+    question = pml_text(f'Key: "{item.key}"\nCorresponding value:')
+    return f'<prompt schema="{name}">{_imports(count, layout)}<user>{question}</user></prompt>'
