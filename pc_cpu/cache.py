@@ -134,6 +134,14 @@ class PromptCache:
                 drop_module(self.ctx, self._resident, key)
             del self._schemas[name]
 
+    def evict(self, schema: str | None = None) -> int:
+        """Frees the KV cells of encoded modules (of one schema when given); returns the cells freed.
+
+        The modules stay in the RAM and disk tiers: the next prompt restores them instead of encoding.
+        """
+        with self._lock:
+            return self.modules.evict(schema)
+
     def inspect_schema(self, pml: str) -> Layout:
         """Returns the layout of a schema without loading or encoding it."""
         return build_layout(parse_schema(pml), self.model, self.markup)

@@ -88,6 +88,16 @@ class ModuleCache:
         self._save(store_key, library, runs)
         return TIER_ENCODED
 
+    def evict(self, schema: str | None = None) -> int:
+        """Frees the context cells of resident encodings (of one schema when given); returns cells freed.
+
+        Their bytes stay in the byte tiers, so the next prompt restores instead of encoding.
+        """
+        before = self.resident.cells
+        for key in self.resident.keys(schema):
+            drop_module(self.ctx, self.resident, key)
+        return before - self.resident.cells
+
     def _lookup(self, layout: Layout, key: str, store_key: StoreKey) -> Hit | None:
         """Returns the stored entry of `key`; a union member brings its siblings into RAM with it.
 

@@ -119,3 +119,12 @@ def test_a_union_member_read_from_disk_brings_its_siblings_into_ram(make_cache, 
     ram = cache.store.tier("ram")
     assert {key.module for key in ram.keys()} >= set(DOCS)
     assert cache.generate(prompt("b"), max_tokens=1).tiers["b"] == "ram"
+
+
+def test_evict_frees_the_context_and_the_next_prompt_restores_from_ram(make_cache):
+    cache = make_cache(store=False)
+    cache.load_schema(SCHEMA)
+    expected = cache.generate(prompt("a"), max_tokens=6).token_ids
+    assert cache.evict("t") > 0 and cache.resident_cells == 0
+    result = cache.generate(prompt("a"), max_tokens=6)
+    assert result.tiers == {"#root": "ram", "a": "ram"} and result.token_ids == expected
