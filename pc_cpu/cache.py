@@ -5,31 +5,31 @@
     result = pc.generate('<prompt schema="trip"><paris/><user>Where to eat?</user></prompt>')
     print(result.text, result.ttft_ms)
 
-Sequence ids of the context: PROMPT_SEQ holds the prompt being answered,
-SCRATCH_SEQ is where modules are computed, the rest are library sequences that
-keep encoded modules resident (pc_cpu.store.resident).
+Sequence ids of the context: prompt slots 0..parallel-1 (one per prompt being
+answered; pc_cpu.engine.scheduler batches them), then the scratch sequence where
+modules are computed, then library sequences that keep encoded modules resident
+(pc_cpu.store.resident).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
-from pc_cpu.engine.assembler import assemble
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import drop_module
-from pc_cpu.engine.generator import Finish, generate_tokens
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.modules import ModuleCache
-from pc_cpu.engine.sampler import Sampler, SamplingParams
+from pc_cpu.engine.sampler import SamplingParams
+from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler, prefill_slot
+from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encoding_keys, encoding_runs, scratch_cells
-from pc_cpu.pml.layout import ROOT, Layout, build_layout
+from pc_cpu.pml.layout import Layout, build_layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.roles import markup_from_template
@@ -40,9 +40,7 @@ from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
 from pc_cpu.store.tiers import TieredStore
 
-PROMPT_SEQ = 0
-SCRATCH_SEQ = 1
-FIRST_LIBRARY_SEQ = 2
+PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class PromptCache:
     """A model, one llama.cpp context, and the schemas whose modules are encoded in it."""
 
     def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
-                 threads: int | None = None, n_seq_max: int = 64, encoding: str = "preamble",
+                 threads: int | None = None, n_seq_max: int = 64, parallel: int = 4, encoding: str = "preamble",
                  flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
                  ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, verbose: bool = False):
         """Loads the model and creates the context.
@@ -64,7 +62,9 @@ class PromptCache:
             model: a GGUF path; None uses $PC_CPU_MODEL or the installed default (SmolLM2-135M).
             n_ctx: KV cells for schemas and prompts together; None: the model's training context, at most 8192.
             threads: CPU threads; None uses every core.
-            n_seq_max: sequence ids (2..256); union members each need their own.
+            n_seq_max: sequence ids (up to 256): prompt slots, a scratch, and libraries of modules
+                (union members each need their own library sequence).
+            parallel: prompts generating at once (batched together); more wait their turn.
             encoding: "preamble" (modules see the schema text before them) or "independent".
             flash_attn: None lets llama.cpp choose.
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
@@ -72,6 +72,9 @@ class PromptCache:
             verbose: show llama.cpp's own log.
         """
         self.encoding = check_mode(encoding)
+        if not 1 <= parallel <= n_seq_max - 2:
+            raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-2 ({n_seq_max - 2}); "
+                                   "one sequence is the scratch and at least one holds modules")
         self.model = Model(resolve_model_path(model), verbose=verbose)
         n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
         config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
@@ -83,15 +86,20 @@ class PromptCache:
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
         self._schemas: dict[str, LoadedSchema] = {}
-        self._resident = ResidentTier(list(range(FIRST_LIBRARY_SEQ, n_seq_max)))
+        # Sequence ids: prompt slots 0..parallel-1, then the scratch, then library sequences.
+        self.scratch_seq = parallel
+        self._resident = ResidentTier(list(range(parallel + 1, n_seq_max)))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
-        self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=SCRATCH_SEQ, mode=self.encoding)
-        self._lock = threading.RLock()  # one context: one prompt or encoding at a time
+        self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq,
+                                   mode=self.encoding)
+        self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
+        self._scheduler = Scheduler(self.ctx, self.modules, list(range(parallel)), self._lock)
 
     # --- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the context, then the model."""
+        """Stops the scheduler, then frees the context, then the model."""
+        self._scheduler.close()
         self.ctx.close()
         self.model.close()
 
@@ -199,44 +207,43 @@ class PromptCache:
             pass
         return stream.result
 
-    def stream(self, prompt_pml: str, **options) -> "Stream":
-        """Returns an iterator of text pieces as they are generated; `.result` is set when it ends."""
-        return Stream(self, prompt_pml, options)
+    def stream(self, prompt_pml: str, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True) -> "Stream":
+        """Returns an iterator of text pieces as they are generated; `.result` is set when it ends.
+
+        Safe to call from many threads: prompts run together, batched in one context.
+        Closing the stream early cancels the prompt and frees its cells.
+        """
+        t0 = time.perf_counter()
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling.validate()
+        if max_tokens < 1:
+            raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
+        with self._lock:
+            plan = self.plan(prompt_pml)
+            loaded = self._loaded(plan.schema)
+        job = Job(plan, loaded.layout, loaded.schema.source, sampling, max_tokens, tuple(stop or ()), use_cache, t0)
+        return Stream(self._scheduler.submit(job))
 
     def prepare(self, plan: Plan, *, use_cache: bool, reserve: int = 1) -> dict[str, str]:
         """Makes the plan's encodings resident with room for the prompt; returns the tier that served each.
 
-        `reserve` is how many cells generation may add beyond the prompt's own.
+        For tests and tools that drive one prompt by hand (with `prefill`) while nothing else runs.
         """
-        loaded = self._loaded(plan.schema)
-        new_cells = plan.uncached_tokens if use_cache else len(plan.tokens)
-        keys = plan.encodings if use_cache else ()
-        return self.modules.ensure(loaded.layout, keys, source=loaded.schema.source, reserve=new_cells + reserve)
+        with self._lock:
+            loaded = self._loaded(plan.schema)
+            new_cells = plan.uncached_tokens if use_cache else len(plan.tokens)
+            keys = plan.encodings if use_cache else ()
+            return self.modules.ensure(loaded.layout, keys, source=loaded.schema.source, reserve=new_cells + reserve)
 
     def prefill(self, plan: Plan, *, use_cache: bool) -> int:
-        """Builds the prompt's KV cache (cached assembly or full prefill); returns the next position.
+        """Builds the prompt's KV cache in sequence PROMPT_SEQ; returns the position generation continues at.
 
-        The plan's encodings must be resident (see `prepare`).
+        For tests and tools, while nothing else runs; makes the plan's encodings resident first.
         """
-        if use_cache:
-            assemble(self.ctx, plan, PROMPT_SEQ, lambda encoding: self._resident.get((plan.schema, encoding)))
-            return plan.end
-        tokens = plan.tokens
-        self.ctx.seq_rm(PROMPT_SEQ)
-        self.ctx.decode(tokens, range(len(tokens)), PROMPT_SEQ)
-        return len(tokens)
-
-    def room_for_generation(self, plan: Plan, *, use_cache: bool) -> int:
-        """Returns how many tokens can be generated after the prompt; raises if the prompt does not fit."""
-        end = plan.end if use_cache else len(plan.tokens)
-        new_cells = plan.uncached_tokens if use_cache else len(plan.tokens)
-        free_cells = self.ctx.n_ctx - self._resident.cells - new_cells
-        room = min(self.ctx.n_ctx - end, free_cells)
-        if room < 1:
-            raise ContextOverflowError(
-                f"prompt needs {end} positions and {new_cells} new KV cells; the context has {self.ctx.n_ctx} "
-                f"positions and {self.ctx.n_ctx - self._resident.cells} free cells: raise n_ctx or shorten it")
-        return room
+        with self._lock:
+            self.prepare(plan, use_cache=use_cache)
+            return prefill_slot(self.ctx, self.modules, plan, PROMPT_SEQ, use_cache=use_cache)
 
     def _load_attached_schema(self, prompt_pml) -> None:
         # Prompts made by pc_cpu.compile carry their schema; load it on first use.
@@ -257,61 +264,33 @@ def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:
 
 
 class Stream:
-    """Iterates over generated text pieces; holds the context until exhausted or closed."""
+    """Iterates over a prompt's generated text pieces; `.result` holds the Result once it ends."""
 
-    def __init__(self, cache: PromptCache, prompt_pml: str, options: dict):
-        self._cache = cache
-        self._prompt = prompt_pml
-        self._options = options
+    def __init__(self, request: Request):
+        self._request = request
         self.result: Result | None = None
-        self._iter = self._run()
+        self._done = False
 
     def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
-        return next(self._iter)
+        if self._done:
+            raise StopIteration
+        event = self._request.events.get()
+        if isinstance(event, Piece):
+            return event.text
+        self._done = True
+        if isinstance(event, Failed):
+            raise event.error
+        self.result = event.result
+        raise StopIteration
 
     def close(self) -> None:
-        self._iter.close()
+        """Cancels the prompt if it is still running (its slot and cells are freed)."""
+        if not self._done:
+            self._request.cancelled.set()
+            self._done = True
 
-    def _run(self) -> Iterator[str]:
-        opts = dict(self._options)
-        use_cache = opts.pop("use_cache", True)
-        max_tokens = opts.pop("max_tokens", 256)
-        stop = tuple(opts.pop("stop", ()) or ())
-        sampling = SamplingParams(**opts)
-        sampling.validate()
-        if max_tokens < 1:
-            raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
-        cache = self._cache
-        with cache._lock:
-            t0 = time.perf_counter()
-            plan = cache.plan(self._prompt)
-            tiers = cache.prepare(plan, use_cache=use_cache)
-            room = cache.room_for_generation(plan, use_cache=use_cache)
-            sampler = Sampler(sampling)
-            tokens: list[int] = []
-            pieces: list[str] = []
-            finish = Finish()
-            ttft = None
-            try:
-                next_pos = cache.prefill(plan, use_cache=use_cache)
-                for step in generate_tokens(cache.ctx, sampler, seq=PROMPT_SEQ, next_pos=next_pos,
-                                            max_tokens=min(max_tokens, room), stop=stop, finish=finish):
-                    if ttft is None:
-                        ttft = (time.perf_counter() - t0) * 1000
-                    if step.token >= 0:
-                        tokens.append(step.token)
-                    if step.text:
-                        pieces.append(step.text)
-                        yield step.text
-            finally:
-                sampler.close()
-                cache.ctx.seq_rm(PROMPT_SEQ)  # frees the prompt's own cells; shared module cells stay
-            total = (time.perf_counter() - t0) * 1000
-            self.result = Result(text="".join(pieces), token_ids=tokens, ttft_ms=ttft if ttft is not None else total,
-                                 total_ms=total, cached_tokens=plan.cached_tokens if use_cache else 0,
-                                 uncached_tokens=plan.uncached_tokens if use_cache else len(plan.tokens),
-                                 finish_reason=finish.reason, use_cache=use_cache,
-                                 modules=[m for m in plan.modules if m != ROOT], tiers=tiers)
+    def __del__(self) -> None:
+        self.close()

@@ -103,21 +103,41 @@ class Context:
         After it returns, `logits()` gives the last token's logits when logits_last is set.
         Per sequence, positions must continue from its last cell (llama.cpp's rule).
         """
+        seq_list = self._checked(tokens, positions, seqs)
+        n = len(tokens)
+        for lo in range(0, n, self.n_batch):
+            hi = min(n, lo + self.n_batch)
+            self._decode_chunk(tokens[lo:hi], positions[lo:hi], seq_list[lo:hi], "last" if logits_last and hi == n
+                               else "none")
+
+    def decode_each(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> None:
+        """Computes one batch (at most n_batch tokens) with an output per token: `logits(i)` is token i's.
+
+        This is a decode step of several sequences at once (one new token each).
+        """
+        seq_list = self._checked(tokens, positions, seqs)
+        if len(tokens) > self.n_batch:
+            raise EngineError(f"{len(tokens)} tokens in one step > n_batch={self.n_batch}; run fewer prompts at once")
+        self._decode_chunk(tokens, positions, seq_list, "all")
+
+    def _checked(self, tokens, positions, seqs) -> list[int]:
+        """Returns the per-token sequence ids after checking every id, position and token."""
         n = len(tokens)
         if n == 0 or len(positions) != n:
             raise EngineError(f"decode needs one position per token (got {n} tokens, {len(positions)} positions)")
         seq_list = [seqs] * n if isinstance(seqs, int) else list(seqs)
+        if len(seq_list) != n:
+            raise EngineError(f"decode needs one sequence id per token (got {len(seq_list)} for {n} tokens)")
         for seq in set(seq_list):
             self.check_seq(seq)
         self.check_positions(min(positions), max(positions) + 1)
         for token in tokens:
             if not 0 <= token < self.model.n_vocab:
                 raise EngineError(f"token id {token} is outside the vocabulary (0..{self.model.n_vocab - 1})")
-        for lo in range(0, n, self.n_batch):
-            hi = min(n, lo + self.n_batch)
-            self._decode_chunk(tokens[lo:hi], positions[lo:hi], seq_list[lo:hi], logits_last and hi == n)
+        return seq_list
 
-    def _decode_chunk(self, tokens, positions, seqs, want_logits: bool) -> None:
+    def _decode_chunk(self, tokens, positions, seqs, outputs: str) -> None:
+        """Decodes at most n_batch tokens; `outputs` is "last", "all" or "none" (which tokens get logits)."""
         batch = self._batch
         n = len(tokens)
         for i in range(n):
@@ -125,8 +145,9 @@ class Context:
             batch.pos[i] = positions[i]
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seqs[i]
-            batch.logits[i] = 0
-        batch.logits[n - 1] = 1 if want_logits else 0
+            batch.logits[i] = 1 if outputs == "all" else 0
+        if outputs == "last":
+            batch.logits[n - 1] = 1
         batch.n_tokens = n
         status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:

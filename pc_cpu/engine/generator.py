@@ -1,64 +1,52 @@
-"""Gives the tokens a model generates after an assembled prompt: sample, stream, stop."""
+"""Gives the text a request may release as its tokens arrive: whole characters, never a stop string."""
 
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.sampler import Sampler
+from pc_cpu.engine.model import Model
 
 
-@dataclass(frozen=True)
-class Step:
-    """One generated token and the text it releases (may be empty while bytes or a stop string pend)."""
+class TextDecoder:
+    """Turns one request's generated tokens into releasable text and notices its stop strings.
 
-    token: int
-    text: str
-
-
-@dataclass
-class Finish:
-    reason: str = "length"  # "stop" (end-of-generation token or stop string) or "length"
-
-
-def generate_tokens(ctx: Context, sampler: Sampler, *, seq: int, next_pos: int, max_tokens: int,
-                    stop: Sequence[str] = (), finish: Finish | None = None) -> Iterator[Step]:
-    """Yields generated tokens from the logits the last decode left, until EOG, a stop string or max_tokens.
-
-    Text is released only when it can no longer turn into a stop string and its
-    UTF-8 bytes are complete; text from a stop string on is never released.
+    Text is released only once its UTF-8 bytes are complete and it can no longer
+    become the start of a stop string; text from a stop string on is never released.
     """
-    finish = finish or Finish()
-    model = ctx.model
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    text, released = "", 0
-    hold = max((len(s) for s in stop), default=1) - 1
-    for i in range(max_tokens):
-        token = sampler.sample(ctx.handle)
-        if model.is_end_of_generation(token):
-            finish.reason = "stop"
-            break
-        text += utf8.decode(model.piece(token))
-        cut = _first_stop(text, stop, released)
+
+    def __init__(self, model: Model, stop: Sequence[str] = ()):
+        self._model = model
+        self._stop = tuple(s for s in stop if s)
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text = ""
+        self._released = 0
+        self.stopped = False  # a stop string appeared
+
+    def push(self, token: int) -> str:
+        """Adds a generated token; returns the text that became safe to release."""
+        self._text += self._utf8.decode(self._model.piece(token))
+        cut = self._first_stop()
         if cut is not None:
-            finish.reason = "stop"
-            yield Step(token, text[released:cut])
-            return
-        safe = max(released, len(text) - hold)
-        yield Step(token, text[released:safe])
-        released = safe
-        if i + 1 < max_tokens:
-            ctx.decode([token], [next_pos], seq)
-            next_pos += 1
-    tail = text[released:] + utf8.decode(b"", final=True)
-    if tail:
-        yield Step(-1, tail)  # flushes held-back text; token -1 marks "no new token"
+            self.stopped = True
+            return self._release(cut)
+        return self._release(max(self._released, len(self._text) - self._hold))
 
+    def flush(self) -> str:
+        """Returns the text still held back (call once generation ends without a stop string)."""
+        if self.stopped:
+            return ""
+        self._text += self._utf8.decode(b"", final=True)
+        return self._release(len(self._text))
 
-def _first_stop(text: str, stop: Sequence[str], released: int) -> int | None:
-    """Returns where the first stop string starts in the unreleased text, or None."""
-    starts = [text.find(s, max(0, released - len(s))) for s in stop if s]
-    starts = [s for s in starts if s >= 0]
-    return min(starts) if starts else None
+    def _release(self, upto: int) -> str:
+        piece = self._text[self._released:upto]
+        self._released = upto
+        return piece
+
+    def _first_stop(self) -> int | None:
+        """Returns where the first stop string starts in the text not yet released, or None."""
+        starts = [self._text.find(s, max(0, self._released - len(s))) for s in self._stop]
+        starts = [s for s in starts if s >= 0]
+        return min(starts) if starts else None

@@ -48,15 +48,18 @@ class ModuleCache:
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._blobs = native if native.available() else state_blob
 
-    def ensure(self, layout: Layout, keys: Iterable[str], *, source: str, reserve: int = 0) -> dict[str, str]:
+    def ensure(self, layout: Layout, keys: Iterable[str], *, source: str, reserve: int = 0,
+               pinned: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
         """Makes every encoding in `keys` resident, leaving `reserve` cells free; returns the tier of each.
+
+        Encodings in `pinned` ((schema, key) pairs that running prompts read) are never evicted.
 
         Raises:
             ContextOverflowError: the encodings and the reserve do not fit in the context together.
         """
         wanted = set(keys)
         ordered = [key for key in encoding_keys(layout, self.mode) if key in wanted]
-        keep = {(layout.schema, key) for key in ordered}
+        keep = {(layout.schema, key) for key in ordered} | set(pinned)
         digest = schema_hash(source)
         served = {key: self._ensure_one(layout, key, digest, keep) for key in ordered}
         self._make_room(reserve, keep)

@@ -1,0 +1,106 @@
+"""Many prompts at once: batched in one context, sharing module cells, each with the answer it gets alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pc_cpu.errors import ContextOverflowError
+
+DOC = "The archive keeps letters, maps and ledgers from the old harbour office. " * 6
+SCHEMA = f'<schema name="s"><module name="doc">{DOC}</module><module name="extra">More notes.</module></schema>'
+QUESTIONS = [f" Question {i}: what does the archive keep?" for i in range(8)]
+
+
+def prompt(question: str) -> str:
+    return f'<prompt schema="s"><doc/>{question}</prompt>'
+
+
+def run_in_threads(fn, items):
+    results, errors = [None] * len(items), []
+
+    def work(i, item):
+        try:
+            results[i] = fn(item)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i, item)) for i, item in enumerate(items)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
+def test_concurrent_prompts_get_their_single_request_answers(make_cache):
+    cache = make_cache(parallel=4)
+    cache.load_schema(SCHEMA)
+    alone = [cache.generate(prompt(q), max_tokens=16).token_ids for q in QUESTIONS]
+    together = run_in_threads(lambda q: cache.generate(prompt(q), max_tokens=16).token_ids, QUESTIONS)
+    assert together == alone
+
+
+def test_concurrent_streams_give_the_streamed_text_and_share_module_cells(make_cache):
+    cache = make_cache(parallel=8)
+    cache.load_schema(SCHEMA)
+    resident = cache.resident_cells
+    texts = run_in_threads(lambda q: "".join(cache.stream(prompt(q), max_tokens=12)), QUESTIONS)
+    assert texts == [cache.generate(prompt(q), max_tokens=12).text for q in QUESTIONS]
+    assert cache.resident_cells == resident  # one copy of the module however many prompts read it
+
+
+def test_prompts_really_run_together(make_cache):
+    cache = make_cache(parallel=4)
+    cache.load_schema(SCHEMA)
+    # Each request reserves cells for its prompt and max_tokens: 4 x ~170 fit in 1,024.
+    streams = [cache.stream(prompt(q), max_tokens=150) for q in QUESTIONS[:4]]
+    results = [("".join(s), s.result)[1] for s in streams]
+    stats = cache._scheduler.stats
+    assert stats.max_batch == 4
+    assert stats.tokens == sum(len(r.token_ids) - 1 for r in results)  # each first token comes from its prefill
+
+
+def test_closing_a_stream_frees_its_slot_for_the_next_prompt(make_cache):
+    cache = make_cache(parallel=1)
+    cache.load_schema(SCHEMA)
+    stream = cache.stream(prompt(QUESTIONS[0]), max_tokens=500)
+    next(iter(stream))
+    stream.close()
+    result = cache.generate(prompt(QUESTIONS[1]), max_tokens=4)
+    assert len(result.token_ids) == 4
+    deadline = time.time() + 10
+    while cache._scheduler.active and time.time() < deadline:
+        time.sleep(0.01)
+    assert cache._scheduler.active == 0
+
+
+def test_loading_a_schema_while_prompts_run(make_cache):
+    cache = make_cache(parallel=2)
+    cache.load_schema(SCHEMA)
+    stream = cache.stream(prompt(QUESTIONS[0]), max_tokens=64)
+    cache.load_schema('<schema name="other"><module name="m">Another schema entirely.</module></schema>')
+    assert "".join(stream) == cache.generate(prompt(QUESTIONS[0]), max_tokens=64).text
+    assert cache.generate('<prompt schema="other"><m/> and?</prompt>', max_tokens=3).token_ids
+
+
+def test_a_prompt_that_cannot_fit_fails_alone(make_cache):
+    cache = make_cache(parallel=2, n_ctx=256)
+    cache.load_schema(SCHEMA)
+    ok = cache.stream(prompt(QUESTIONS[0]), max_tokens=8)
+    with pytest.raises(ContextOverflowError):
+        cache.generate(prompt(" word" * 400), max_tokens=4)
+    assert len(list(ok)) > 0 and ok.result.finish_reason in ("stop", "length")
+
+
+def test_requests_wait_for_cells_and_then_run(make_cache):
+    # Each reserves ~420 cells (prompt + 400 tokens), so only two fit in 1,024 at once: the rest wait.
+    cache = make_cache(parallel=4)
+    cache.load_schema(SCHEMA)
+    streams = [cache.stream(prompt(q), max_tokens=400) for q in QUESTIONS[:4]]
+    results = [("".join(s), s.result)[1] for s in streams]
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 400 for r in results)
+    assert cache._scheduler.stats.max_batch == 2
