@@ -32,6 +32,7 @@ from pc_cpu.pml.encoding import check_mode, check_scaffolds, encoding_keys, enco
 from pc_cpu.pml.layout import Layout, build_layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
+from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.roles import markup_from_template
 from pc_cpu.pml.schema import Schema, parse_schema
 from pc_cpu.result import Result
@@ -188,27 +189,31 @@ class PromptCache:
 
     # --- prompts ------------------------------------------------------------
 
-    def plan(self, prompt_pml: str) -> Plan:
-        """Returns the Plan of a prompt against its (loaded) schema."""
+    def plan(self, prompt_pml: str, *, recompute: "str | float | RecomputePolicy | None" = None) -> Plan:
+        """Returns the Plan of a prompt against its (loaded) schema (see pc_cpu.pml.recompute for `recompute`)."""
         self._load_attached_schema(prompt_pml)
         prompt = parse_prompt(prompt_pml)
         layout = self._loaded(prompt.schema).layout
-        return build_plan(layout, prompt, self.model, self.markup)
+        return build_plan(layout, prompt, self.model, self.markup, parse_policy(recompute))
 
     def generate(self, prompt_pml: str, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True) -> Result:
+                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
+                 recompute: "str | float | RecomputePolicy | None" = None) -> Result:
         """Returns the model's answer to a PML prompt, with timings and cache counts.
 
         use_cache=False is the baseline: a full prefill of the identical tokens, through the same generator.
+        recompute: which cached module tokens to compute again in this prompt, e.g. "tail:32" or "10%"
+        (pc_cpu.pml.recompute); None keeps every cached cell, as in the paper.
         """
         stream = self.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, stop=stop, use_cache=use_cache)
+                             top_p=top_p, seed=seed, stop=stop, use_cache=use_cache, recompute=recompute)
         for _ in stream:
             pass
         return stream.result
 
     def stream(self, prompt_pml: str, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True) -> "Stream":
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
+               recompute: "str | float | RecomputePolicy | None" = None) -> "Stream":
         """Returns an iterator of text pieces as they are generated; `.result` is set when it ends.
 
         Safe to call from many threads: prompts run together, batched in one context.
@@ -220,7 +225,7 @@ class PromptCache:
         if max_tokens < 1:
             raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
         with self._lock:
-            plan = self.plan(prompt_pml)
+            plan = self.plan(prompt_pml, recompute=recompute)
             loaded = self._loaded(plan.schema)
         job = Job(plan, loaded.layout, loaded.schema.source, sampling, max_tokens, tuple(stop or ()), use_cache, t0)
         return Stream(self._scheduler.submit(job))

@@ -68,14 +68,16 @@ def cli() -> None:
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--no-cache", is_flag=True, help="Baseline: full prefill of the same tokens.")
 @click.option("--encoding", type=click.Choice(["preamble", "independent"]), default="preamble", show_default=True)
+@click.option("--recompute", default=None, help="Cached module tokens to compute again: tail:32, head:8,tail:32, "
+              "10%, all (default: none, as in the paper).")
 @ctx_option
 @threads_option
 @store_option
 @click.option("--no-store", is_flag=True, help="Keep encoded modules in RAM only (nothing written to disk).")
 @click.option("--json", "as_json", is_flag=True, help="Print the Result as one JSON object.")
 @verbose_option
-def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, encoding, n_ctx,
-        threads, store_dir, no_store, as_json, verbose):
+def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, encoding, recompute,
+        n_ctx, threads, store_dir, no_store, as_json, verbose):
     """Answer PROMPT (a PML file, PML text, or - for stdin) using the modules of --schema files.
 
     Example: pc-cpu run '<prompt schema="demo"><harbor/><user>Who kept the light?</user></prompt>' --schema demo.pml
@@ -85,7 +87,7 @@ def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, sto
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"))
         stream = pc.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           seed=seed, stop=stop, use_cache=not no_cache)
+                           seed=seed, stop=stop, use_cache=not no_cache, recompute=recompute)
         for piece in stream:
             if not as_json:
                 click.echo(piece, nl=False)
@@ -145,6 +147,34 @@ def demo(model, threads, as_json, verbose):
             click.echo(f"  cached    ttft {cached.ttft_ms:7.0f} ms : {cached.text.strip()}")
             click.echo(f"  baseline  ttft {baseline.ttft_ms:7.0f} ms : {baseline.text.strip()}")
             click.echo(f"  speedup   {baseline.ttft_ms / cached.ttft_ms:.1f}x")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback only by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--schema", "schemas", multiple=True, help="Schema PML file to load at start (repeatable).")
+@model_option
+@ctx_option
+@threads_option
+@store_option
+@verbose_option
+def serve(host, port, schemas, model, n_ctx, threads, store_dir, verbose):
+    """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas.
+
+    Example: pc-cpu serve --schema demo.pml --port 8000
+    """
+    try:
+        from pc_cpu.server import serve as serve_app
+    except ImportError as exc:
+        raise PromptCacheError(f"the server needs FastAPI and uvicorn ({exc.name} is missing); "
+                               "install them with: pip install 'pc_cpu[serve]'") from None
+    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=store_dir) as pc:
+        for schema in schemas:
+            name = pc.load_schema(_read_source(schema, "schema")).name
+            click.echo(f"loaded schema {name!r}", err=True)
+        click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)", err=True)
+        serve_app(pc, host=host, port=port)
 
 
 @cli.group()

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from pc_cpu.errors import PromptError, SchemaError
+from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.pml.schema import (ModuleNode, ParamNode, RoleNode, ScaffoldNode, Schema, TextNode,
                                UnionNode, Child)
@@ -64,6 +65,7 @@ class ModuleLayout:
     union: str | None  # the union this module is a member of
     pieces: tuple[Piece, ...]  # the module's own tokens, in position order
     children: tuple[str, ...]  # modules directly inside (union members included)
+    recompute: RecomputePolicy | None = None  # the schema's policy for this module, if it sets one
 
     @property
     def n_tokens(self) -> int:
@@ -168,6 +170,7 @@ class _Draft:
     pieces: list[Piece] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
     end: int = 0
+    recompute: RecomputePolicy | None = None
 
 
 class _LayoutBuilder:
@@ -189,7 +192,7 @@ class _LayoutBuilder:
         root.end = self.pos
         first_module = next((d.start for d in self.drafts.values() if d.name != ROOT), self.pos)
         modules = {name: ModuleLayout(d.name, d.start, d.end, d.parent, d.union, tuple(d.pieces),
-                                      tuple(d.children)) for name, d in self.drafts.items()}
+                                      tuple(d.children), d.recompute) for name, d in self.drafts.items()}
         return Layout(schema=self.schema.name, length=self.pos, modules=MappingProxyType(modules),
                       unions=MappingProxyType(self.unions), scaffolds=MappingProxyType(self.scaffolds),
                       nodes=tuple(sorted(self.nodes, key=_parent_first)), uses_roles=self.schema.uses_roles(),
@@ -241,6 +244,7 @@ class _LayoutBuilder:
 
     def add_module(self, node: ModuleNode, owner: _Draft, *, union: str | None) -> None:
         draft = self.open_module(node.name, parent=owner.name, union=union)
+        draft.recompute = node.recompute
         self.walk(node.children, draft)
         draft.end = self.pos
         if draft.end == draft.start:

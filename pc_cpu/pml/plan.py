@@ -20,8 +20,9 @@ from typing import Union
 
 from pc_cpu.errors import ArgumentTooLongError, PromptError
 from pc_cpu.pml.encoding import scaffold_key
-from pc_cpu.pml.layout import ROOT, Layout, ModuleLayout
+from pc_cpu.pml.layout import ROOT, Layout, ModuleLayout, Piece
 from pc_cpu.pml.prompt import Import, Prompt
+from pc_cpu.pml.recompute import NO_RECOMPUTE, RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.pml.tokenizer import Tokenizer
 
@@ -100,8 +101,12 @@ class Plan:
         return sum(len(op.tokens) for op in self.ops if isinstance(op, DecodeTokens))
 
 
-def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> Plan:
+def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup,
+               recompute: RecomputePolicy = NO_RECOMPUTE) -> Plan:
     """Returns the Plan that assembles `prompt` from `layout`'s modules.
+
+    `recompute` says which cached tokens of each module to compute again (see
+    pc_cpu.pml.recompute); a module's own policy in the schema wins over it.
 
     Raises:
         PromptError: an import or argument does not match the schema (the message says which and the fix).
@@ -109,7 +114,8 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     if prompt.schema != layout.schema:
         raise PromptError(f"prompt is for schema {prompt.schema!r}, not {layout.schema!r}")
     imported = _resolve_imports(layout, prompt.imports)
-    ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer)
+    redo = _recomputed_positions(layout, imported, recompute)
+    ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer, redo)
     text = _free_text_tokens(layout, prompt, tokenizer, markup)
     end = ops[-1].end if ops else 0
     if text:
@@ -216,17 +222,47 @@ def _check_args(layout: Layout, module: ModuleLayout, item: Import) -> None:
                               line=item.line)
 
 
+def _recomputed_positions(layout: Layout, imported, policy: RecomputePolicy) -> frozenset[int]:
+    """Returns the cached positions that the policies say to compute again (ROOT's preamble never)."""
+    chosen: set[int] = set()
+    for name in imported:
+        module = layout.modules[name]
+        own_policy = module.recompute or policy
+        if name == ROOT or own_policy == NO_RECOMPUTE:
+            continue
+        cached = [p for piece in module.pieces if layout.is_cached(name, piece) for p in range(piece.start, piece.end)]
+        chosen |= own_policy.choose(cached)
+    return frozenset(chosen)
+
+
+def _split_recomputed(piece: Piece, redo: frozenset[int]) -> list[tuple[bool, Piece]]:
+    """Returns `piece` cut into runs that are recomputed (True) or shared (False), in order."""
+    runs: list[tuple[bool, Piece]] = []
+    for offset, token in enumerate(piece.tokens):
+        pos = piece.start + offset
+        again = pos in redo
+        if runs and runs[-1][0] == again:
+            last = runs[-1][1]
+            runs[-1] = (again, Piece(last.start, last.tokens + (token,)))
+        else:
+            runs.append((again, Piece(pos, (token,))))
+    return runs
+
+
 def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], sources: dict[str, str | None],
-                tokenizer: Tokenizer) -> list[Op]:
+                tokenizer: Tokenizer, redo: frozenset[int] = frozenset()) -> list[Op]:
     """Returns the ops that place every imported module's pieces, in position order.
 
-    Cached pieces are shared from the encoding `sources` names for their module.
+    Cached pieces are shared from the encoding `sources` names for their module,
+    except positions in `redo`, which are computed again where they stand.
     """
     pieces = sorted(((p, name) for name in imported for p in layout.modules[name].pieces), key=lambda x: x[0].start)
     ops: list[Op] = []
     for piece, module in pieces:
         if layout.is_cached(module, piece):
-            _append(ops, CopyCells(module, piece.start, piece.tokens, sources[module]))
+            for again, part in _split_recomputed(piece, redo) if redo else [(False, piece)]:
+                _append(ops, DecodeTokens(part.start, part.tokens, f"recomputed tokens of module {module!r}")
+                        if again else CopyCells(module, part.start, part.tokens, sources[module]))
         elif piece.param is None:
             _append(ops, DecodeTokens(piece.start, piece.tokens, "schema text after a module"))
         else:

@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-from pc_cpu.errors import SchemaError
+from pc_cpu.errors import PromptCacheError, SchemaError
+from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.xmltree import Element, Text, parse_xml, restore_newlines
 
 ROLES = ("system", "user", "assistant")
@@ -61,6 +62,7 @@ class ModuleNode:
     name: str
     children: tuple["Child", ...]
     line: int
+    recompute: RecomputePolicy | None = None  # the module's own recompute policy (wins over the call's)
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class _SchemaParser:
                           "system, user or assistant (write a literal '<' as &lt;)", line=el.line)
 
     def module(self, el: Element, *, in_role: bool = False) -> ModuleNode:
-        _reject_attrs(el, {"name"})
+        _reject_attrs(el, {"name", "recompute"})
         name = check_name(el.attrs.get("name"), what="module", line=el.line)
         if name in self.module_lines or name in self.other_names:
             raise SchemaError(f"module name {name!r} is used twice (first on line "
@@ -204,7 +206,7 @@ class _SchemaParser:
         children = self.children(el, in_module=name, in_role=in_role)
         if not children:
             raise SchemaError(f"module {name!r} is empty; give it text or remove it", line=el.line)
-        return ModuleNode(name, children, el.line)
+        return ModuleNode(name, children, el.line, _module_policy(el, name))
 
     def union(self, el: Element, *, in_role: bool) -> UnionNode:
         _reject_attrs(el, {"name"})
@@ -254,6 +256,15 @@ class _SchemaParser:
         self.other_names.add(name)
         self.other_lines[name] = el.line
         return name
+
+
+def _module_policy(el: Element, name: str) -> RecomputePolicy | None:
+    if "recompute" not in el.attrs:
+        return None
+    try:
+        return parse_policy(el.attrs["recompute"])
+    except PromptCacheError as exc:
+        raise SchemaError(f"module {name!r}: {exc}", line=el.line) from None
 
 
 def _reject_attrs(el: Element, allowed: set[str]) -> None:

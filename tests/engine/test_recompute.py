@@ -1,0 +1,78 @@
+"""Recomputation in assembly: all = the full prefill, 0 = the cached answer, any mix assembles cleanly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pc_cpu.cache import PROMPT_SEQ
+from tests.conftest import cell_positions, prefill_logits
+from tests.engine.test_assembly import PROMPTS, SCHEMA
+
+DOCS = ('<schema name="d"><module name="a">The keeper wrote the weather in a book every evening.</module>'
+        '<module name="b">The ferry to Skerra leaves twice a day and takes an hour.</module></schema>')
+GAP_FREE = '<prompt schema="d"><a/><b/> How often does the ferry leave?</prompt>'
+
+
+def test_recomputing_everything_gives_the_full_prefill_logits(make_cache):
+    cache, fresh = make_cache(), make_cache()
+    cache.load_schema(DOCS)
+    plan = cache.plan(GAP_FREE, recompute="all")
+    assert plan.cached_tokens == 0
+    cache.prefill(plan, use_cache=True)
+    recomputed = cache.ctx.logits()
+    cache.ctx.seq_rm(PROMPT_SEQ)
+    baseline = prefill_logits(fresh, DOCS, GAP_FREE, use_cache=False)
+    assert np.abs(recomputed - baseline).max() == 0.0
+    assert (cache.generate(GAP_FREE, max_tokens=8, recompute="all").token_ids
+            == fresh.generate(GAP_FREE, max_tokens=8, use_cache=False).token_ids)
+
+
+def test_recomputing_nothing_is_the_cached_answer(make_cache):
+    cache = make_cache()
+    cache.load_schema(DOCS)
+    assert (cache.generate(GAP_FREE, max_tokens=8, recompute="0").token_ids
+            == cache.generate(GAP_FREE, max_tokens=8).token_ids)
+
+
+def test_recomputing_a_tail_changes_the_answer_toward_the_full_prefill(make_cache):
+    cache, fresh = make_cache(), make_cache()
+    cache.load_schema(DOCS)
+    baseline = prefill_logits(fresh, DOCS, GAP_FREE, use_cache=False)
+    distances = []
+    for policy in ("0", "tail:4", "50%", "all"):
+        plan = cache.plan(GAP_FREE, recompute=policy)
+        cache.prefill(plan, use_cache=True)
+        distances.append(float(np.abs(cache.ctx.logits() - baseline).max()))
+        cache.ctx.seq_rm(PROMPT_SEQ)
+    assert distances[-1] == 0.0 and distances[0] > 0.0
+
+
+POLICIES = st.one_of(st.just("0"), st.just("all"), st.builds(lambda h, t: f"head:{h},tail:{t}",
+                                                             st.integers(0, 6), st.integers(0, 6)),
+                     st.builds(lambda f: f"{f}%", st.integers(0, 100)))
+
+
+@pytest.fixture(scope="module")
+def trip_cache(tiny_model_path):
+    from pc_cpu import PromptCache
+
+    cache = PromptCache(tiny_model_path, n_ctx=1024, threads=2, n_seq_max=16)
+    cache.load_schema(SCHEMA)
+    yield cache
+    cache.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=POLICIES, name=st.sampled_from(sorted(PROMPTS)))
+def test_any_policy_assembles_at_the_layout_positions(trip_cache, policy, name):
+    # Unions, nested modules, params and gaps: recomputed tokens never break llama.cpp's position rule.
+    plan = trip_cache.plan(PROMPTS[name], recompute=policy)
+    trip_cache.prefill(plan, use_cache=True)
+    found = cell_positions(trip_cache.ctx, PROMPT_SEQ, plan.end + 2, probe=trip_cache.ctx.n_seq_max - 1)
+    logits = trip_cache.ctx.logits()
+    trip_cache.ctx.seq_rm(PROMPT_SEQ)
+    assert found == list(plan.positions)
+    assert np.isfinite(logits).all()

@@ -1,0 +1,93 @@
+"""Recompute policies: what they parse to, which positions they pick, and how the plan computes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu.errors import PromptCacheError, SchemaError
+from pc_cpu.pml.plan import CopyCells, DecodeTokens
+from pc_cpu.pml.recompute import HEAD_SHARE, NO_RECOMPUTE, RecomputePolicy, parse_policy
+from pc_cpu.pml.schema import parse_schema
+from pc_cpu.pml.layout import build_layout
+from pc_cpu.pml.plan import build_plan
+from pc_cpu.pml.prompt import parse_prompt
+from pc_cpu.pml.roles import PLAIN_MARKUP
+from tests.fake_tokenizer import WordTokenizer
+
+SCHEMA = ('<schema name="r">Intro. <module name="a">one two three four five six seven eight nine ten</module>'
+          '<module name="b">alpha beta gamma delta epsilon</module></schema>')
+PROMPT = '<prompt schema="r"><a/><b/> Why?</prompt>'
+
+
+@pytest.mark.parametrize("text, policy", [
+    (None, NO_RECOMPUTE), ("0", NO_RECOMPUTE), ("none", NO_RECOMPUTE),
+    ("head:8", RecomputePolicy(head=8)), ("tail:32", RecomputePolicy(tail=32)),
+    ("head:8,tail:32", RecomputePolicy(8, 32)), ("10%", RecomputePolicy(fraction=0.1)),
+    ("0.25", RecomputePolicy(fraction=0.25)), (0.5, RecomputePolicy(fraction=0.5)),
+    ("all", RecomputePolicy(fraction=1.0)),
+])
+def test_policies_parse(text, policy):
+    assert parse_policy(text) == policy
+
+
+@pytest.mark.parametrize("text", ["head:x", "tail:-1", "150%", "sometimes", "1.5"])
+def test_bad_policies_name_the_valid_forms(text):
+    with pytest.raises(PromptCacheError, match="recompute"):
+        parse_policy(text)
+
+
+def test_fraction_is_split_between_head_and_tail():
+    head, tail = RecomputePolicy(fraction=0.2).split(100)
+    assert (head, tail) == (round(20 * HEAD_SHARE), 20 - round(20 * HEAD_SHARE))
+    assert RecomputePolicy(head=8, tail=8).split(10) == (8, 2)  # never more than the module has
+
+
+def test_choose_picks_the_first_and_last_positions():
+    positions = list(range(10, 20))
+    assert RecomputePolicy(head=2, tail=3).choose(positions) == {10, 11, 17, 18, 19}
+    assert RecomputePolicy().choose(positions) == frozenset()
+
+
+@pytest.fixture
+def tok():
+    return WordTokenizer(bos=False)
+
+
+def layout_of(schema, tok):
+    return build_layout(parse_schema(schema), tok, PLAIN_MARKUP)
+
+
+def plan_of(layout, prompt, tok, recompute=NO_RECOMPUTE):
+    return build_plan(layout, parse_prompt(prompt), tok, PLAIN_MARKUP, recompute)
+
+
+def test_tail_tokens_are_decoded_in_place_and_the_rest_is_shared(tok):
+    layout = layout_of(SCHEMA, tok)
+    plan = plan_of(layout, PROMPT, tok, recompute=parse_policy("tail:2"))
+    a, b = layout.modules["a"], layout.modules["b"]
+    decoded = [p for op in plan.ops if isinstance(op, DecodeTokens) for p in range(op.start, op.end)]
+    assert {a.end - 2, a.end - 1, b.end - 2, b.end - 1} <= set(decoded)
+    shared = {op.module: (op.start, op.end) for op in plan.ops if isinstance(op, CopyCells)}
+    assert shared["a"] == (a.start, a.end - 2) and shared["b"] == (b.start, b.end - 2)
+    assert list(plan.positions) == sorted(plan.positions)
+    baseline_plan = plan_of(layout, PROMPT, tok)
+    assert plan.tokens == baseline_plan.tokens  # the same tokens, only how their cells get there differs
+    assert plan.cached_tokens == baseline_plan.cached_tokens - 4
+
+
+def test_all_turns_every_module_token_into_one_decode_when_nothing_has_gaps(tok):
+    plan = plan_of(layout_of(SCHEMA, tok), PROMPT, tok, recompute=parse_policy("all"))
+    assert [type(op) for op in plan.ops] == [CopyCells, DecodeTokens]  # the cached preamble, then one decode
+    assert plan.ops[0].module == "#root"
+
+
+def test_a_modules_own_policy_wins_over_the_calls(tok):
+    schema = SCHEMA.replace('<module name="b">', '<module name="b" recompute="0">')
+    plan = plan_of(layout_of(schema, tok), PROMPT, tok, recompute=parse_policy("tail:2"))
+    b = layout_of(schema, tok).modules["b"]
+    assert any(isinstance(op, CopyCells) and op.module == "b" and op.end == b.end for op in plan.ops)
+
+
+def test_a_bad_module_policy_is_a_schema_error():
+    with pytest.raises(SchemaError, match="module 'a'.*recompute"):
+        parse_schema('<schema name="s"><module name="a" recompute="often">x</module></schema>')
