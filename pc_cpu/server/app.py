@@ -1,0 +1,210 @@
+"""Gives the FastAPI app of `pc-cpu serve`: OpenAI-style completions over one PromptCache.
+
+Routes: POST /v1/completions (a PML prompt), POST /v1/chat/completions (messages importing a
+schema's modules), POST|GET /v1/schemas, DELETE /v1/schemas/{name}, GET /v1/models, GET /health.
+`stream: true` answers with server-sent events (`data: {chunk}`, then `data: [DONE]`).
+
+Errors are JSON `{"error": {"message", "type"}}`: a PromptCacheError is 400 with its class name as
+type (ContextOverflowError included); a body that does not validate is 422; an unknown schema
+name in DELETE is 404. The PromptCache is called only from worker threads (see feed.py), never on
+the event loop; the app owns those threads and cancels them when it shuts down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pc_cpu.errors import PromptCacheError, UnknownSchemaError
+from pc_cpu.pml.layout import ROOT
+from pc_cpu.server import openai_api as api
+from pc_cpu.server.chat import messages_to_pml
+from pc_cpu.server.feed import Done, Failed, Feed, Piece
+
+log = logging.getLogger(__name__)
+
+MAX_WORKERS = 64  # streams generating or waiting for the context at once; more queue for a worker
+DISCONNECT_POLL_S = 0.5  # how often a request waiting for its next piece checks its client
+
+
+def create_app(cache) -> FastAPI:
+    """Returns the app serving `cache` (a PromptCache). The caller keeps ownership of the cache.
+
+    Args:
+        cache: a PromptCache; its schemas already loaded are served as they are.
+    """
+    executor = ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pc-cpu-stream")
+    feeds: set[Feed] = set()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        for feed in list(feeds):
+            feed.cancel()
+        executor.shutdown(wait=True)  # every stream closed before the caller may close the cache
+
+    app = FastAPI(title="pc_cpu", summary="Prompt Cache on llama.cpp, OpenAI-style", lifespan=lifespan)
+    app.state.cache = cache
+    app.state.feeds = feeds
+    model_name = cache.model.path.name
+    _add_error_handlers(app)
+
+    def open_feed(prompt_pml: str, options: dict) -> Feed:
+        feeds.difference_update([f for f in feeds if f.finished.is_set()])
+        feed = Feed(lambda: cache.stream(prompt_pml, **options), executor)
+        feeds.add(feed)
+        return feed
+
+    @app.get("/health")
+    async def health() -> dict:
+        active = sum(not feed.finished.is_set() for feed in feeds)  # streams not yet closed by their worker
+        return {"status": "ok", "model": model_name, "schemas": cache.schema_names, "active_streams": active}
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "pc_cpu"}]}
+
+    @app.get("/v1/schemas")
+    def list_schemas() -> dict:
+        return {"object": "list", "data": [_schema_json(cache, name) for name in cache.schema_names]}
+
+    @app.post("/v1/schemas", status_code=201)
+    async def add_schema(body: api.SchemaRequest) -> dict:
+        schema = await run_in_threadpool(cache.load_schema, body.pml)  # encodes every module: slow
+        return _schema_json(cache, schema.name)
+
+    @app.delete("/v1/schemas/{name}")
+    async def delete_schema(name: str):
+        try:
+            await run_in_threadpool(cache.unload_schema, name)
+        except UnknownSchemaError as exc:
+            return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=404)
+        return {"name": name, "object": "schema", "deleted": True}
+
+    @app.post("/v1/completions")
+    async def completions(body: api.CompletionRequest, request: Request):
+        options = body.options()
+        id_ = api.new_id("cmpl")
+        feed = open_feed(body.prompt_pml(), options)
+        return await _answer(feed, request, body.stream,
+                             whole=lambda result: api.completion_json(id_, model_name, result),
+                             chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: api.ChatRequest, request: Request):
+        options = body.options()
+        layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
+        names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
+        prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
+                                 import_names=names)
+        id_ = api.new_id("chatcmpl")
+        feed = open_feed(prompt, options)
+
+        def chunk(text, result=None):
+            return api.chat_chunk(id_, model_name, {"content": text} if text else {}, result)
+
+        return await _answer(feed, request, body.stream,
+                             whole=lambda result: api.chat_json(id_, model_name, result), chunk=chunk,
+                             first=api.chat_chunk(id_, model_name, {"role": "assistant", "content": ""}))
+
+    return app
+
+
+async def _answer(feed: Feed, request: Request, stream: bool, *,
+                  whole: Callable, chunk: Callable, first: dict | None = None):
+    """Returns the JSON answer, or the SSE response once the first piece exists.
+
+    Waiting for the first piece before answering lets an error in the prompt (bad PML, overflow)
+    still be a 400 rather than an error inside a 200 event stream.
+    """
+    try:
+        event = await _next_event(feed, request)
+        while not stream and isinstance(event, Piece):
+            event = await _next_event(feed, request)
+    except BaseException:
+        feed.cancel()  # the request was cancelled while waiting: free the sequence
+        raise
+    if event is None:
+        feed.cancel()
+        return JSONResponse(api.error_json("client disconnected", "ClientDisconnect"), status_code=499)
+    if isinstance(event, Failed):
+        raise event.error  # the worker has closed the stream already
+    if not stream:
+        return whole(event.result)
+    events = _sse(feed, request, event, chunk, first)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                             background=BackgroundTask(feed.cancel))
+
+
+async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict | None) -> AsyncIterator[str]:
+    """Yields `data: {chunk}` events from `event` on, then `data: [DONE]`; closes the feed however it ends."""
+    try:
+        if first is not None:
+            yield _data(first)
+        while isinstance(event, Piece):
+            yield _data(chunk(event.text))
+            event = await _next_event(feed, request)
+        if isinstance(event, Done):
+            yield _data(chunk("", event.result))
+        elif isinstance(event, Failed):
+            error = event.error
+            yield _data(api.error_json(str(error), type(error).__name__))
+        else:
+            return  # the client left: nobody to send [DONE] to
+        yield "data: [DONE]\n\n"
+    finally:
+        feed.cancel()
+
+
+async def _next_event(feed: Feed, request: Request):
+    """Returns the feed's next event, or None once the client has disconnected."""
+    while True:
+        event = await feed.next(timeout=DISCONNECT_POLL_S)
+        if await request.is_disconnected():
+            return None
+        if event is not None:
+            return event
+
+
+def _data(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _schema_json(cache, name: str) -> dict:
+    layout = cache.layout(name)
+    return {"name": name, "object": "schema", "length": layout.length,
+            "modules": [module for module in layout.modules if module != ROOT],
+            "scaffolds": list(layout.scaffolds)}
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(PromptCacheError)
+    async def prompt_cache_error(request: Request, exc: PromptCacheError):
+        return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
+        return JSONResponse(api.error_json(f"invalid request: {problems}", "RequestValidationError"),
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(api.error_json(str(exc.detail), "HTTPException"), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return JSONResponse(api.error_json(f"internal error: {exc}", type(exc).__name__), status_code=500)

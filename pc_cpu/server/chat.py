@@ -1,0 +1,125 @@
+"""Gives the PML prompt of a chat conversation whose messages may import a schema's modules.
+
+    messages_to_pml("s", [Message("user", "<doc/> What does it say?")], import_names={"doc"})
+    -> '<prompt schema="s"><doc/><user>What does it say?</user></prompt>'
+
+Rules (the chat endpoint's, on top of prompt PML):
+- A tag in a message is an import only when it names a module (or scaffold) of the schema:
+  `<doc/>`, `<plan days="3 days"><tokyo/></plan>`. Every other character, other tags included,
+  is literal text and is escaped, so "a < b" and "<b>bold</b>" reach the model as written.
+- Imported modules sit at their schema positions, before all free text (prompt PML's rule). So
+  the imports of every message are hoisted to the top of the prompt, in the order written, each
+  distinct import once; a module imported in the third message is seen by the first message too.
+- Each message's remaining text becomes one role turn, in message order, stripped of surrounding
+  whitespace (the chat template puts the markup around it); a message left empty adds no turn.
+  Roles: system, developer (as system), user, assistant. A last assistant message is continued
+  by the model; otherwise the assistant's turn is opened for it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+from pc_cpu.errors import PromptError
+
+ROLE_TAGS = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+# One start or end tag with its attributes: (slash, name, attributes, self-closing slash).
+_TAG = re.compile(r"""<(/?)([A-Za-z_][\w.-]*)((?:\s+[^\s=/>"']+\s*=\s*(?:"[^"]*"|'[^']*'))*)\s*(/?)>""")
+# Characters XML 1.0 cannot carry, even as character references.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message: its role and its text (imports written as PML tags)."""
+
+    role: str
+    text: str
+
+
+def messages_to_pml(schema: str, messages: Sequence[Message], *, import_names: Collection[str]) -> str:
+    """Returns one `<prompt schema="...">` document: the messages' imports, then their text as role turns.
+
+    Args:
+        schema: the name of a loaded schema.
+        messages: the conversation, oldest first.
+        import_names: the module and scaffold names of that schema; tags naming them are imports.
+
+    Raises:
+        PromptError: no messages, an unknown role, or an import that is never closed.
+    """
+    if not messages:
+        raise PromptError("messages is empty: send at least one message")
+    imports: list[str] = []
+    turns: list[str] = []
+    for index, message in enumerate(messages):
+        tag = ROLE_TAGS.get(message.role)
+        if tag is None:
+            raise PromptError(f"message {index} has role {message.role!r}; supported roles: "
+                              f"{', '.join(ROLE_TAGS)}")
+        found, text = split_imports(message.text, import_names, where=f"message {index}")
+        imports += [raw for raw in found if raw not in imports]
+        if text.strip():
+            turns.append(f"<{tag}>{escape_text(text.strip())}</{tag}>")
+    return f'<prompt schema="{escape_attribute(schema)}">{"".join(imports)}{"".join(turns)}</prompt>'
+
+
+def split_imports(text: str, import_names: Collection[str], *, where: str = "message") -> tuple[list[str], str]:
+    """Returns the import tags found in `text` (as written, nested imports inside) and the text without them.
+
+    Raises:
+        PromptError: an import's start tag has no matching end tag.
+    """
+    imports: list[str] = []
+    rest: list[str] = []
+    pos = 0
+    while (start := _next_import(text, pos, import_names)) is not None:
+        end = _import_end(text, start, where)
+        rest.append(text[pos:start.start()])
+        imports.append(text[start.start():end])
+        pos = end
+    rest.append(text[pos:])
+    return imports, "".join(rest)
+
+
+def escape_text(text: str) -> str:
+    """Returns `text` as PML character data that parses back to exactly `text`.
+
+    Newlines are written `&#10;`, so PML's indentation trimming keeps them; characters XML cannot
+    carry (most C0 controls) are dropped.
+    """
+    text = _NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "&#10;")
+
+
+def escape_attribute(value: str) -> str:
+    """Returns `value` escaped for a double-quoted XML attribute."""
+    return escape_text(value).replace('"', "&quot;")
+
+
+def _next_import(text: str, pos: int, import_names: Collection[str]) -> re.Match | None:
+    for tag in _TAG.finditer(text, pos):
+        if not tag.group(1) and tag.group(2) in import_names:
+            return tag
+    return None
+
+
+def _import_end(text: str, start: re.Match, where: str) -> int:
+    """Returns where the import opened by `start` ends: after its `/>`, or after its matching end tag."""
+    if start.group(4):
+        return start.end()
+    name = start.group(2)
+    depth = 1
+    for tag in _TAG.finditer(text, start.end()):
+        if tag.group(2) != name:
+            continue
+        if tag.group(1):
+            depth -= 1
+            if depth == 0:
+                return tag.end()
+        elif not tag.group(4):
+            depth += 1
+    raise PromptError(f"{where}: the import <{name}> is never closed; write <{name}/> or close it with </{name}>")

@@ -1,0 +1,157 @@
+"""The HTTP API over real HTTP: schemas, completions, chat, streaming and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu.errors import PromptCacheError
+from pc_cpu.pml.prompt import parse_prompt
+from tests.server.conftest import DOC_PROMPT, sse_events
+
+
+def test_health_and_models_name_the_loaded_gguf(client, server_cache):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and {"s", "c"} <= set(health["schemas"])
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [server_cache.model.path.name] == [health["model"]]
+
+
+def test_schemas_register_list_and_delete(client):
+    pml = '<schema name="extra"><module name="a">First part.</module><module name="b">Second.</module></schema>'
+    created = client.post("/v1/schemas", json={"pml": pml})
+    assert created.status_code == 201
+    assert created.json()["name"] == "extra" and created.json()["modules"] == ["a", "b"]
+    assert created.json()["length"] > 0
+    assert "extra" in [s["name"] for s in client.get("/v1/schemas").json()["data"]]
+    answer = client.post("/v1/completions", json={"prompt": '<prompt schema="extra"><a/> go</prompt>', "max_tokens": 2})
+    assert answer.status_code == 200 and answer.json()["usage"]["cached_tokens"] > 0
+    assert client.delete("/v1/schemas/extra").json()["deleted"] is True
+    assert "extra" not in [s["name"] for s in client.get("/v1/schemas").json()["data"]]
+    missing = client.delete("/v1/schemas/extra")
+    assert missing.status_code == 404 and "not loaded" in missing.json()["error"]["message"]
+
+
+def test_completion_equals_the_library_greedy_answer(client, server_cache):
+    expected = server_cache.generate(DOC_PROMPT, max_tokens=16)
+    body = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 16}).json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["text"] == expected.text
+    assert body["choices"][0]["finish_reason"] == expected.finish_reason == "length"
+    usage = body["usage"]
+    assert (usage["cached_tokens"], usage["uncached_tokens"]) == (expected.cached_tokens, expected.uncached_tokens)
+    assert usage["prompt_tokens"] == expected.prompt_tokens and usage["completion_tokens"] == 16
+    assert usage["total_tokens"] == expected.prompt_tokens + 16 and usage["ttft_ms"] > 0
+    assert usage["prompt_tokens_details"]["cached_tokens"] == expected.cached_tokens
+    assert body["tiers"] == expected.tiers
+
+
+def test_use_cache_false_is_the_full_prefill_baseline(client, server_cache):
+    body = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 4, "use_cache": False}).json()
+    assert body["usage"]["cached_tokens"] == 0
+    assert body["usage"]["uncached_tokens"] == server_cache.generate(DOC_PROMPT, max_tokens=4).prompt_tokens
+
+
+def test_sampling_options_and_stop_reach_the_library(client, server_cache):
+    options = {"max_tokens": 12, "temperature": 1.5, "top_k": 40, "top_p": 0.9, "seed": 3}
+    expected = server_cache.generate(DOC_PROMPT, **options)
+    body = client.post("/v1/completions", json={"prompt": DOC_PROMPT, **options}).json()
+    assert body["choices"][0]["text"] == expected.text
+    full = expected.text
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    body = client.post("/v1/completions", json={"prompt": DOC_PROMPT, **options, "stop": stop}).json()
+    assert body["choices"][0] == {"index": 0, "text": full[: full.find(stop)], "finish_reason": "stop",
+                                  "logprobs": None}
+
+
+def test_streamed_pieces_concatenate_to_the_answer_and_end_with_done(client):
+    whole = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 16}).json()
+    with client.stream("POST", "/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 16, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 16
+
+
+def test_chat_answers_like_the_equivalent_pml_prompt(client, server_cache):
+    expected = server_cache.generate('<prompt schema="c"><doc/><user>What does it say?</user></prompt>', max_tokens=12)
+    messages = [{"role": "user", "content": "<doc/> What does it say?"}]
+    body = client.post("/v1/chat/completions", json={"schema": "c", "messages": messages, "max_tokens": 12}).json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": expected.text}
+    assert body["usage"]["cached_tokens"] == expected.cached_tokens > 0
+    parts = [{"type": "text", "text": "<doc/> What does "}, {"type": "text", "text": "it say?"}]
+    again = client.post("/v1/chat/completions", json={"schema": "c", "max_tokens": 12,
+                                                       "messages": [{"role": "user", "content": parts}]}).json()
+    assert again["choices"][0]["message"]["content"] == expected.text
+
+
+def test_chat_streams_openai_chunks(client):
+    body = {"schema": "c", "messages": [{"role": "user", "content": "<doc/> Hi"}], "max_tokens": 8}
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+    with client.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as r:
+        events = sse_events(r)
+    assert events[-1] == "[DONE]" and all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-1]) == whole
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def _error(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_pml_is_400_with_the_library_message(client, stream):
+    bad = '<prompt schema="s"><doc/>'
+    with pytest.raises(PromptCacheError) as raised:
+        parse_prompt(bad)
+    error = _error(client.post("/v1/completions", json={"prompt": bad, "stream": stream}), 400)
+    assert error == {"message": str(raised.value), "type": "PMLSyntaxError"}
+    error = _error(client.post("/v1/completions", json={"prompt": '<prompt schema="s"><nope/></prompt>'}), 400)
+    assert error["type"] == "PromptError" and "no module 'nope'" in error["message"]
+
+
+def test_bad_sampling_option_is_400(client):
+    error = _error(client.post("/v1/completions", json={"prompt": DOC_PROMPT, "temperature": -1}), 400)
+    assert "temperature" in error["message"]
+
+
+def test_unknown_schema_in_chat_is_400_naming_the_loaded_ones(client):
+    body = {"schema": "nope", "messages": [{"role": "user", "content": "hi"}]}
+    error = _error(client.post("/v1/chat/completions", json=body), 400)
+    assert error["type"] == "UnknownSchemaError" and "'nope'" in error["message"] and "s, c" in error["message"]
+
+
+def test_bad_role_is_400(client):
+    body = {"schema": "c", "messages": [{"role": "tool", "content": "hi"}]}
+    assert "role 'tool'" in _error(client.post("/v1/chat/completions", json=body), 400)["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_that_overflows_the_context_is_400(client, stream):
+    prompt = '<prompt schema="s"><doc/> ' + "word " * 3000 + "</prompt>"
+    error = _error(client.post("/v1/completions", json={"prompt": prompt, "stream": stream}), 400)
+    assert error["type"] == "ContextOverflowError" and "raise n_ctx" in error["message"]
+    assert client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_a_schema_larger_than_the_context_is_400(client):
+    pml = '<schema name="huge"><module name="m">' + "word " * 3000 + "</module></schema>"
+    assert _error(client.post("/v1/schemas", json={"pml": pml}), 400)["type"] == "ContextOverflowError"
+
+
+@pytest.mark.parametrize("content, kwargs", [
+    ("missing prompt", {"json": {"max_tokens": 3}}),
+    ("wrong type", {"json": {"prompt": DOC_PROMPT, "max_tokens": "many"}}),
+    ("bad json", {"content": b"{not json", "headers": {"content-type": "application/json"}}),
+    ("chat without schema", {"json": {"messages": [{"role": "user", "content": "x"}]}}),
+])
+def test_malformed_bodies_are_422_json(client, content, kwargs):
+    url = "/v1/chat/completions" if "chat" in content else "/v1/completions"
+    error = _error(client.post(url, **kwargs), 422)
+    assert error["type"] == "RequestValidationError" and error["message"].startswith("invalid request")
