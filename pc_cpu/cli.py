@@ -257,6 +257,11 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+from pc_cpu.benchmarks.command import bench  # noqa: E402  (pc-cpu bench latency|accuracy|peers|summary)
+
+cli.add_command(bench)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs the CLI; a PromptCacheError becomes 'error: ...' on stderr and exit code 2."""
     try:

@@ -33,7 +33,9 @@ def wilson(successes: int, n: int, z: float = Z95) -> Interval:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the edges, not 1 - 1e-16
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Interval(p, low, high)
 
 
 def paired_difference(variant, baseline, *, resamples: int = 4000, seed: int = 0) -> Interval:

@@ -45,18 +45,32 @@ def _imports(count: int, layout: str) -> str:
     return "<docs/>" if layout == "single" else "".join(f"<d{i}/>" for i in range(count))
 
 
-def qa_schema(name: str, item: DocItem, layout: str, *, gap: tuple[Passage, ...] = ()) -> str:
-    """Returns the schema of one N-document question: system message, then the passages in the user turn."""
+def _schema(name: str, system: str, modules: str, chat: bool) -> str:
+    if chat:
+        return f'<schema name="{name}"><system>{pml_text(system)}</system><user>{modules}</user></schema>'
+    # Base models (Gemma 3 270M): plain text, no chat template.
+    return f'<schema name="{name}">{pml_text(system + chr(10) + chr(10))}{modules}</schema>'
+
+
+def _prompt(name: str, imports: str, question: str, chat: bool) -> str:
+    text = pml_text(question)
+    body = f"<user>{text}</user>" if chat else pml_text("\n") + text
+    return f'<prompt schema="{name}">{imports}{body}</prompt>'
+
+
+def qa_schema(name: str, item: DocItem, layout: str, *, gap: tuple[Passage, ...] = (), chat: bool = True) -> str:
+    """Returns the schema of one N-document question: instruction (system message), then the passages.
+
+    chat=False renders plain text for base models; chat=True uses the model's chat roles.
+    """
     texts = [document_text(i + 1, p) for i, p in enumerate(item.passages)]
     gap_texts = [document_text(0, p) for p in gap]
-    return (f'<schema name="{name}"><system>{pml_text(QA_SYSTEM)}</system><user>'
-            f'{_modules(texts, layout, gap_texts)}</user></schema>')
+    return _schema(name, QA_SYSTEM, _modules(texts, layout, gap_texts), chat)
 
 
-def qa_prompt(name: str, item: DocItem, layout: str) -> str:
+def qa_prompt(name: str, item: DocItem, layout: str, *, chat: bool = True) -> str:
     """Returns the prompt importing every passage of the item and asking its question (uncached)."""
-    question = pml_text(f"Question: {item.question}\nAnswer:")
-    return f'<prompt schema="{name}">{_imports(len(item.passages), layout)}<user>{question}</user></prompt>'
+    return _prompt(name, _imports(len(item.passages), layout), f"Question: {item.question}\nAnswer:", chat)
 
 
 def kv_chunks(item: KVItem, chunk: int) -> list[str]:
@@ -71,14 +85,12 @@ def kv_chunks(item: KVItem, chunk: int) -> list[str]:
     return pieces
 
 
-def kv_schema(name: str, item: KVItem, layout: str, *, chunk: int) -> str:
+def kv_schema(name: str, item: KVItem, layout: str, *, chunk: int, chat: bool = True) -> str:
     """Returns the schema of one retrieval item: the pairs in modules of `chunk` pairs."""
-    return (f'<schema name="{name}"><system>{pml_text(KV_SYSTEM)}</system><user>'
-            f'{_modules(kv_chunks(item, chunk), layout, [])}</user></schema>')
+    return _schema(name, KV_SYSTEM, _modules(kv_chunks(item, chunk), layout, []), chat)
 
 
-def kv_prompt(name: str, item: KVItem, layout: str, *, chunk: int) -> str:
+def kv_prompt(name: str, item: KVItem, layout: str, *, chunk: int, chat: bool = True) -> str:
     """Returns the prompt importing every chunk and asking for the queried key's value."""
     count = len(kv_chunks(item, chunk))
-    question = pml_text(f'Key: "{item.key}"\nCorresponding value:')
-    return f'<prompt schema="{name}">{_imports(count, layout)}<user>{question}</user></prompt>'
+    return _prompt(name, _imports(count, layout), f'Key: "{item.key}"\nCorresponding value:', chat)

@@ -1,0 +1,85 @@
+"""Hot-path microbenchmarks (pytest-benchmark): assembly of N modules, blob splice, suffix decode.
+
+    pytest bench/ --benchmark-only            # not part of the default run (testpaths = tests)
+
+SmolLM2-135M (the default model) with 2 threads; skipped when it is not installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytest_benchmark")
+
+from pc_cpu.cache import PROMPT_SEQ  # noqa: E402
+from pc_cpu.store import native, state_blob  # noqa: E402
+
+DOC = "The lighthouse keeper climbed the spiral stairs at dusk, trimmed the wick and wrote the weather down. "
+
+
+def schema(n: int) -> str:
+    body = "".join(f'<module name="m{i}">{DOC * 3}</module>' for i in range(n))  # ~60 tokens each
+    return f'<schema name="hot{n}"><system>Answer briefly.</system><user>{body}</user></schema>'
+
+
+def prompt(n: int) -> str:
+    return f'<prompt schema="hot{n}">' + "".join(f"<m{i}/>" for i in range(n)) + "<user>Who climbed?</user></prompt>"
+
+
+@pytest.fixture(scope="module")
+def pc():
+    from pc_cpu import PromptCache
+    from tests.tiny_gguf import packaged_smollm2_path
+
+    try:
+        path = packaged_smollm2_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    cache = PromptCache(path, threads=2, n_ctx=8192, store=False)
+    for n in (4, 32):
+        cache.load_schema(schema(n))
+    yield cache
+    cache.close()
+
+
+@pytest.mark.parametrize("n", [4, 32])
+def test_assemble_n_modules(benchmark, pc, n):
+    """Shares N resident modules into the prompt sequence (seq_cp per run) and computes nothing else."""
+    plan = pc.plan(prompt(n))
+    pc.prepare(plan, use_cache=True)
+
+    def assemble():
+        pc.prefill(plan, use_cache=True)
+        pc.ctx.seq_rm(PROMPT_SEQ)
+
+    benchmark(assemble)
+
+
+@pytest.mark.parametrize("impl", [pytest.param(native, id="native"), pytest.param(state_blob, id="numpy")])
+def test_splice_module_blobs(benchmark, pc, impl):
+    """Splices the RAM tier's blobs of the 32-module schema into one restore blob."""
+    if impl is native and not native.available():
+        pytest.skip("libpc_native not built")
+    ram = pc.store.tiers[0]
+    blobs = [ram.get(k).payload for k in ram.keys() if k.describe().find("m") >= 0]
+    blobs = _disjoint(blobs)
+    assert len(blobs) >= 4
+    out = benchmark(impl.splice, blobs)
+    assert len(out) > sum(map(len, blobs)) // 2
+
+
+def _disjoint(blobs):
+    """Keeps blobs whose position ranges do not overlap (one per module position)."""
+    kept, taken = [], []
+    for b in blobs:
+        info = state_blob.scan(b)
+        lo, hi = info.pos_min, info.pos_max
+        if all(hi < a or lo > z for a, z in taken):
+            kept.append(b)
+            taken.append((lo, hi))
+    return kept
+
+
+def test_suffix_decode(benchmark, pc):
+    """A cached prompt's TTFT: assembly of 4 modules plus the decode of the uncached question."""
+    benchmark(lambda: pc.generate(prompt(4), max_tokens=1))

@@ -1,0 +1,150 @@
+"""`pc-cpu bench`: runs the benchmarks with a progress bar; Markdown to stdout, or the raw results with --json.
+
+Add to pc_cpu/cli.py:  from pc_cpu.benchmarks.command import bench; cli.add_command(bench)
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
+                            help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
+threads_option = click.option("--threads", type=click.IntRange(1, 512), default=2, show_default=True)
+quick_option = click.option("--quick", is_flag=True, help="A size that fits in a few minutes.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the raw results as JSON.")
+
+
+@contextmanager
+def _bar(length: int, label: str, quiet: bool):
+    """Yields a progress callback; the bar goes to stderr so stdout stays clean for --json."""
+    if quiet:
+        yield lambda n: None
+        return
+    with click.progressbar(length=length, label=label, file=click.get_text_stream("stderr")) as bar:
+        yield bar.update
+
+
+def _emit(data, markdown: str, as_json: bool) -> None:
+    click.echo(json.dumps(data, indent=1, default=str) if as_json else markdown)
+
+
+@click.group()
+def bench() -> None:
+    """Measure pc_cpu on this machine: latency, accuracy, peers (see bench/RESULTS.md)."""
+
+
+@bench.command()
+@model_option
+@threads_option
+@quick_option
+@json_option
+@click.option("--plots", type=click.Path(file_okay=False), default=None, help="Write PNG plots to this directory.")
+def latency(model, threads, quick, as_json, plots):
+    """TTFT: tiers, length sweep with fits, cache-hit ratio, encoding cost, memory.
+
+    Example: pc-cpu bench latency --quick --threads 2 --plots bench/
+    """
+    from pc_cpu.benchmarks import latency as lat
+    from pc_cpu.benchmarks.plots import plot_latency
+    from pc_cpu.benchmarks.report import latency_markdown
+
+    size = "quick" if quick else "full"
+    with _bar(lat.steps(size), "latency", as_json) as progress:
+        report = lat.run(model, threads, size, progress=progress)
+    if plots:
+        written = plot_latency(report, plots)
+        if not written:
+            click.echo("matplotlib is not installed: no plots (pip install '.[bench]')", err=True)
+    _emit(report, latency_markdown(report), as_json)
+
+
+@bench.command()
+@model_option
+@threads_option
+@quick_option
+@json_option
+@click.option("--n", "count", type=click.IntRange(1), default=None, help="Items per task (default 60, quick 10).")
+@click.option("--task", type=click.Choice(["nq5", "nq10", "kv"]), multiple=True, help="Tasks (default all).")
+@click.option("--kv-keys", type=click.IntRange(2, 75), default=5, show_default=True)
+@click.option("--gap", "gaps", type=click.IntRange(1), multiple=True, help="Gap sizes for NQ N=5 (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Append records as JSON lines here.")
+@click.option("--plain", is_flag=True, help="Plain-text prompts without chat roles (base models, e.g. Gemma 3 270M).")
+@click.option("--start", type=click.IntRange(0), default=0, help="Skip the first START items (resume a cut-off run).")
+def accuracy(model, threads, quick, as_json, count, task, kv_keys, gaps, out, plain, start):
+    """Exact match and agreement of cached vs full-prefill answers on NQ and KV retrieval.
+
+    Example: pc-cpu bench accuracy --task nq5 --n 60 --gap 5 --out /tmp/nq5.jsonl
+    """
+    from pc_cpu import PromptCache
+    from pc_cpu.benchmarks import accuracy as acc, evaldata
+    from pc_cpu.benchmarks.report import accuracy_markdown
+    from pc_cpu.benchmarks.summary import summarize
+
+    count = count or (10 if quick else 60)
+    tasks = task or ("nq5", "nq10", "kv")
+    chat = not plain
+    plans = {"nq5": (acc.nq_task(5, chat=chat), lambda: evaldata.doc_items(evaldata.load_nq(), 5, count, seed=0),
+                     gaps, 32),
+             "nq10": (acc.nq_task(10, chat=chat), lambda: evaldata.doc_items(evaldata.load_nq(), 10, count, seed=1),
+                      (), 32),
+             "kv": (acc.kv_task(kv_keys, 1, chat=chat),
+                    lambda: evaldata.kv_items(evaldata.load_kv(), kv_keys, count), (), 64)}
+    caches = {m: PromptCache(model, threads=threads, n_ctx=4096, store=False, encoding=m, ram_bytes=256 << 20)
+              for m in acc.ENCODINGS}
+    records = []
+    sink = open(out, "a", encoding="utf-8") if out else None
+    try:
+        with _bar(max(count - start, 0) * len(tasks), "accuracy", as_json) as progress:
+            for name in tasks:
+                t, items, g, max_tokens = plans[name]
+                records += acc.run(caches, t, items(), gaps=g, max_tokens=max_tokens, out=sink,
+                                   progress=progress, start=start)
+    finally:
+        if sink:
+            sink.close()
+        for c in caches.values():
+            c.close()
+    rows = summarize(records)
+    _emit([r.__dict__ for r in records], accuracy_markdown(rows, records), as_json)
+
+
+@bench.command()
+@model_option
+@threads_option
+@quick_option
+@json_option
+def peers(model, threads, quick, as_json):
+    """pc_cpu vs llama-cpp-python's Llama (prefix reuse) and LlamaRAMCache on the same tokens.
+
+    Example: pc-cpu bench peers --quick --threads 2
+    """
+    from pc_cpu.benchmarks import peers as prs
+    from pc_cpu.benchmarks.report import peers_markdown
+
+    with _bar(3, "peers", as_json) as progress:
+        report = prs.run(model, threads, doc_tokens=600 if quick else 1500, repeats=3 if quick else 5,
+                         progress=progress)
+    _emit(report, peers_markdown(report), as_json)
+
+
+@bench.command()
+@click.argument("records", type=click.Path(exists=True, dir_okay=False), nargs=-1, required=True)
+def summary(records):
+    """Tables from accuracy JSON-lines files (complete items only).
+
+    Example: pc-cpu bench summary /tmp/nq5.jsonl
+    """
+    from pc_cpu.benchmarks.accuracy import read_records
+    from pc_cpu.benchmarks.report import accuracy_markdown
+    from pc_cpu.benchmarks.summary import complete_items, summarize
+
+    data = complete_items([r for path in records for r in read_records(Path(path))])
+    click.echo(accuracy_markdown(summarize(data), data))
+
+
+if __name__ == "__main__":  # python -m pc_cpu.benchmarks.command ... until `pc-cpu bench` is wired in
+    bench()

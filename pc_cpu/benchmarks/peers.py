@@ -1,0 +1,92 @@
+"""pc_cpu against llama-cpp-python's own prefix reuse, on the same tokens, model and threads.
+
+NOTE: this is the one module outside pc_cpu/engine that imports llama_cpp, and only to run the peer
+(`llama_cpp.Llama`, with and without `LlamaRAMCache`) exactly as a user of that library would.
+
+Workloads (prompts answered in turn; the first warms every system up and is not timed):
+- "shared prefix": every prompt imports all documents and asks a different question, so the documents
+  are a common prefix (a peer's best case);
+- "documents not a prefix": prompt i imports a sliding window of documents (i, i+1, i+2), so each prompt
+  starts with a different document and prefix reuse finds only the system message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from pc_cpu.benchmarks import workloads
+from pc_cpu.benchmarks.prompts import pml_text
+from pc_cpu.benchmarks.timing import stats
+
+QUESTIONS = ("Who is mentioned first?", "Which year appears?", "Name one place.", "What is the topic?",
+             "Who is mentioned last?", "Which number is largest?", "Name a person.", "What happened?")
+
+
+def _schema_and_prompts(tokenize, doc_tokens: int, n_docs: int, count: int) -> tuple[str, dict[str, list[str]]]:
+    texts = workloads.passages(200)
+    per_doc = max(doc_tokens // n_docs, 32)
+    docs = ["".join(workloads.fill(tokenize, texts[i * 7:], per_doc)) for i in range(n_docs)]
+    body = "".join(f'<module name="d{i}">{pml_text(t)}</module>' for i, t in enumerate(docs))
+    schema = f'<schema name="peer"><system>Answer from the documents.</system><user>{body}</user></schema>'
+    everything = "".join(f"<d{i}/>" for i in range(n_docs))
+    shared = [f'<prompt schema="peer">{everything}<user>{QUESTIONS[i % len(QUESTIONS)]}</user></prompt>'
+              for i in range(count)]
+    window = [f'<prompt schema="peer">' + "".join(f"<d{(i + k) % n_docs}/>" for k in sorted(
+        range(3), key=lambda k: (i + k) % n_docs)) + f'<user>{QUESTIONS[i % len(QUESTIONS)]}</user></prompt>'
+        for i in range(count)]
+    return schema, {"shared prefix": shared, "documents not a prefix": window}
+
+
+def _llama_ttft(llm, tokens: list[int]) -> float:
+    t0 = time.perf_counter()
+    llm.create_completion(prompt=tokens, max_tokens=1, temperature=0.0)
+    return (time.perf_counter() - t0) * 1000
+
+
+def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6, repeats: int = 5,
+        progress: Callable[[int], None] | None = None) -> dict:
+    """Returns TTFT stats per workload for pc_cpu (cached, baseline) and the two llama-cpp-python peers."""
+    import llama_cpp  # see the module NOTE: the peer, used as its users do
+
+    from pc_cpu import PromptCache
+    from pc_cpu.model_path import resolve_model_path
+
+    path = str(resolve_model_path(model))
+    n_ctx = 4 * doc_tokens + 2048
+    report = {"threads": threads, "doc_tokens": doc_tokens, "n_docs": n_docs, "repeats": repeats, "workloads": []}
+    with PromptCache(path, threads=threads, n_ctx=n_ctx, store=False) as pc:
+        tokenize = lambda t: pc.model.tokenize(t, special=False)  # noqa: E731
+        schema, sets = _schema_and_prompts(tokenize, doc_tokens, n_docs, repeats + 1)
+        pc.load_schema(schema)
+        token_lists = {name: [list(pc.plan(p).tokens) for p in prompts] for name, prompts in sets.items()}
+        measured = {name: {"pc_cpu cached": [], "pc_cpu full prefill": []} for name in sets}
+        for name, prompts in sets.items():
+            pc.generate(prompts[0], max_tokens=1)
+            for p in prompts[1:]:
+                measured[name]["pc_cpu cached"].append(pc.generate(p, max_tokens=1).ttft_ms)
+                measured[name]["pc_cpu full prefill"].append(pc.generate(p, max_tokens=1, use_cache=False).ttft_ms)
+        report["model"] = pc.model.info.description
+    if progress:
+        progress(1)
+    for peer in ("llama_cpp.Llama (in-context prefix reuse)", "llama_cpp.Llama + LlamaRAMCache"):
+        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+        try:
+            if "RAMCache" in peer:
+                llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=2 << 30))
+            for name, lists in token_lists.items():
+                llm.reset()
+                _llama_ttft(llm, lists[0])
+                measured[name][peer] = [_llama_ttft(llm, t) for t in lists[1:]]
+        finally:
+            llm.close()
+        if progress:
+            progress(1)
+    for name, systems in measured.items():
+        lists = token_lists[name]
+        row = {"workload": name, "prompt_tokens": round(sum(map(len, lists[1:])) / len(lists[1:]))}
+        base = stats(systems["pc_cpu full prefill"]).p50
+        row["systems"] = {s: {**stats(v).to_dict(), "speedup_vs_full_prefill": round(base / stats(v).p50, 1)}
+                          for s, v in systems.items()}
+        report["workloads"].append(row)
+    return report
