@@ -213,12 +213,13 @@ class Context:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return bytes(buf[:written])
+        return ctypes.string_at(buf, written)  # one copy (slicing a ctypes array would build a list of ints)
 
     def state_set(self, seq: int, data: bytes) -> None:
         """Replaces `seq`'s cells with a blob from state_get (the sequence is cleared first)."""
         self.check_seq(seq)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        # set_data only reads the blob: point llama.cpp at the bytes object's own buffer, no copy.
+        buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
         if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq) == 0:
             raise EngineError(f"llama.cpp could not restore a {len(data)}-byte state into sequence {seq}: "
                               "the blob is from another model or the context has no free cells")
