@@ -66,12 +66,22 @@ class Model:
         llama_cpp.llama_model_desc(self._model, buf, len(buf))
         n_embd = llama_cpp.llama_model_n_embd(self._model)
         n_head = max(1, llama_cpp.llama_model_n_head(self._model))
+        # Head size is n_embd / n_head for Llama, but not for every model (Gemma 3: 256, not 640 / 4).
+        arch = self.metadata("general.architecture") or ""
+        key_length = self.metadata(f"{arch}.attention.key_length")
         return ModelInfo(
             path=str(self.path), description=buf.value.decode("utf-8", "replace"),
             n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
             n_layer=llama_cpp.llama_model_n_layer(self._model),
-            n_head_kv=llama_cpp.llama_model_n_head_kv(self._model), n_embd_head=n_embd // n_head,
+            n_head_kv=llama_cpp.llama_model_n_head_kv(self._model),
+            n_embd_head=int(key_length) if key_length and key_length.isdigit() else n_embd // n_head,
             n_swa=llama_cpp.llama_model_n_swa(self._model), fingerprint=_fingerprint(self.path))
+
+    def metadata(self, key: str) -> str | None:
+        """Returns a GGUF metadata value as text, or None when the model does not have the key."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         """Returns the token ids of `text` without BOS; special=True parses control tokens."""

@@ -80,7 +80,8 @@ class ModuleCache:
             if hit is not None:
                 if self._restore(hit.entry, runs, library):
                     return hit.tier
-                log.warning("stored state of %s does not fit this context; re-encoding it", store_key.describe())
+                log.warning("stored state of %s cannot be restored into this context (saved with other "
+                            "settings, e.g. flash attention on/off); re-encoding it", store_key.describe())
                 self.store.remove(store_key)
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library,
                        library_of=lambda other: self.resident.get((layout.schema, other)))
