@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from pc_cpu import PromptCache
+from pc_cpu.benchmarks.latency import drop_page_cache
 from pc_cpu.demo import DOCS
 
 SETTINGS = ("resident", "ram", "disk", "full_prefill")
@@ -52,17 +52,6 @@ def schema_and_prompt(modules: list[tuple[str, str]], *, plain: bool) -> tuple[s
                 f'<prompt schema="bench">{imports} Q: {question} A:</prompt>')
     return (f'<schema name="bench"><system>Answer from the documents.</system><user>{body}</user></schema>',
             f'<prompt schema="bench">{imports}<user>{question}</user></prompt>')
-
-
-def drop_page_cache(directory: Path) -> None:
-    """Asks the kernel to forget the store files' pages, so the next read comes from the device."""
-    for path in directory.glob("*.pcs"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def ttft(pc: PromptCache, prompt: str, setting: str, store_dir: Path) -> tuple[float, str]:

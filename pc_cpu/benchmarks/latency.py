@@ -31,7 +31,7 @@ def _ttft(pc, prompt: str, *, use_cache: bool = True):
     return pc.generate(prompt, max_tokens=1, use_cache=use_cache)
 
 
-def _drop_page_cache(directory: Path) -> None:
+def drop_page_cache(directory: Path) -> None:
     """Asks the OS to forget the store's files, so a disk-tier restore reads the disk (best effort)."""
     for path in directory.rglob("*"):
         if path.is_file() and hasattr(os, "posix_fadvise"):
@@ -51,7 +51,7 @@ def _tier_run(pc, prompt: str, tier: str, store_dir: Path):
         ram = pc.store.tier("ram")
         for key in list(ram.keys()):
             ram.remove(key)
-        _drop_page_cache(store_dir)
+        drop_page_cache(store_dir)
     return _ttft(pc, prompt)
 
 

@@ -13,30 +13,11 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
-from pc_cpu.result import Result
+from pc_cpu.engine.scheduler import Done, Event, Failed, Piece  # the same events the scheduler emits
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Piece:
-    text: str
-
-
-@dataclass(frozen=True)
-class Done:
-    result: Result
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: BaseException
-
-
-Event = Union[Piece, Done, Failed]
 
 
 class Feed:
