@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import drop_module
 from pc_cpu.engine.model import Model
+from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler, prefill_slot
@@ -101,6 +103,8 @@ class PromptCache:
     def close(self) -> None:
         """Stops the scheduler, then frees the context, then the model."""
         self._scheduler.close()
+        if self._scheduler.blender is not None:
+            self._scheduler.blender.close()
         self.ctx.close()
         self.model.close()
 
@@ -227,6 +231,8 @@ class PromptCache:
         with self._lock:
             plan = self.plan(prompt_pml, recompute=recompute)
             loaded = self._loaded(plan.schema)
+            if plan.selected_tokens and use_cache:
+                self._ensure_blender()
         job = Job(plan, loaded.layout, loaded.schema.source, sampling, max_tokens, tuple(stop or ()), use_cache, t0)
         return Stream(self._scheduler.submit(job))
 
@@ -237,7 +243,7 @@ class PromptCache:
         """
         with self._lock:
             loaded = self._loaded(plan.schema)
-            new_cells = plan.uncached_tokens if use_cache else len(plan.tokens)
+            new_cells = plan.uncached_tokens + plan.selected_tokens if use_cache else len(plan.tokens)
             keys = plan.encodings if use_cache else ()
             return self.modules.ensure(loaded.layout, keys, source=loaded.schema.source, reserve=new_cells + reserve)
 
@@ -248,7 +254,18 @@ class PromptCache:
         """
         with self._lock:
             self.prepare(plan, use_cache=use_cache)
-            return prefill_slot(self.ctx, self.modules, plan, PROMPT_SEQ, use_cache=use_cache)
+            if plan.selected_tokens and use_cache:
+                self._ensure_blender()
+            return prefill_slot(self.ctx, self.modules, plan, PROMPT_SEQ, use_cache=use_cache,
+                                blender=self._scheduler.blender)
+
+    def _ensure_blender(self) -> Blender:
+        """Returns the selector of `select:` recomputation, loading the probe model on first use."""
+        if self._scheduler.blender is None:
+            probe = Probe(self.model, n_ctx=self.ctx.n_ctx, threads=self.ctx.threads,
+                          flash_attn=self.ctx.config.flash_attn)
+            self._scheduler.blender = Blender(self.ctx, probe, self._resident.idle_seqs, self.scratch_seq)
+        return self._scheduler.blender
 
     def _load_attached_schema(self, prompt_pml) -> None:
         # Prompts made by pc_cpu.compile carry their schema; load it on first use.

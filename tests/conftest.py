@@ -35,6 +35,20 @@ def _store_in_a_temp_dir(tmp_path_factory):
         os.environ["PC_CPU_STORE_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _probe_models_in_a_temp_dir(tmp_path_factory):
+    """Cut-down probe models (recompute "select:") go to a temp dir, not the user's cache."""
+    import os
+
+    old = os.environ.get("PC_CPU_PROBE_DIR")
+    os.environ["PC_CPU_PROBE_DIR"] = str(tmp_path_factory.mktemp("probe"))
+    yield
+    if old is None:
+        del os.environ["PC_CPU_PROBE_DIR"]
+    else:
+        os.environ["PC_CPU_PROBE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A 2-layer random-weight Llama GGUF with SmolLM2's tokenizer, written once per session.

@@ -132,6 +132,63 @@ def peers(model, threads, quick, as_json):
 
 
 @bench.command()
+@model_option
+@threads_option
+@quick_option
+@json_option
+@click.option("--n", "count", type=click.IntRange(1), default=None, help="Questions (default 200, quick 10).")
+@click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="Passages per question.")
+@click.option("--policy", "policies", multiple=True,
+              help="Recompute policy to measure (repeatable; default: a sweep from 0 to all, see --help-policies).")
+@click.option("--start", type=click.IntRange(0), default=0, help="Skip the first START questions (resume a run).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Append every answer as a JSON line here.")
+@click.option("--plain", is_flag=True, help="Plain-text prompts without chat roles (base models, e.g. Gemma 3 270M).")
+@click.option("--ttft-tokens", type=click.IntRange(0), default=4000, show_default=True,
+              help="Also time every policy on one prompt of this many cached tokens (0: skip).")
+@click.option("--summary", "summaries", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Only summarise these answer files (repeatable), no model run.")
+@click.option("--ttft-json", type=click.Path(dir_okay=False), default=None,
+              help="With --summary: a TTFT result saved by an earlier run's --json.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
+def recompute(model, threads, quick, as_json, count, docs, policies, start, out, plain, ttft_tokens, summaries,
+              ttft_json, plot):
+    """Recompute policies: exact match and agreement vs the full prefill (NQ, paired), and TTFT at long prompts.
+
+    Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
+    """
+    from pc_cpu import PromptCache
+    from pc_cpu.benchmarks import evaldata, recompute as rc
+    from pc_cpu.benchmarks.plots import plot_pareto
+    from pc_cpu.pml.recompute import parse_policy
+
+    for p in policies:
+        parse_policy(p)  # a bad policy fails here, before the model loads
+    ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
+    if summaries:
+        answers = rc.read_answers(summaries)
+        chosen = list(policies) or rc.policies_in(answers)
+    else:
+        chosen = list(policies) or list(rc.DEFAULT_POLICIES)
+        count = count or (10 if quick else 200)
+        items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:]
+        sink = open(out, "a", encoding="utf-8") if out else None
+        try:
+            with PromptCache(model, threads=threads, n_ctx=8192, store=False) as cache, \
+                    _bar(len(items), "recompute", as_json) as progress:
+                answers = list(rc.run(cache, items, chosen, chat=not plain, max_tokens=24, out=sink,
+                                      progress=progress))
+                if ttft_tokens:
+                    ttft = rc.ttft_by_policy(cache, chosen, target_tokens=ttft_tokens, repeats=1 if quick else 3)
+        finally:
+            if sink:
+                sink.close()
+    rows = rc.summarize(answers, chosen, ttft)
+    if plot and ttft and not plot_pareto(rows, ttft, plot):
+        click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
+    _emit({"rows": rows, "ttft": ttft}, rc.markdown(rows, ttft), as_json)
+
+
+@bench.command()
 @click.argument("records", type=click.Path(exists=True, dir_okay=False), nargs=-1, required=True)
 def summary(records):
     """Tables from accuracy JSON-lines files (complete items only).

@@ -62,3 +62,31 @@ def plot_latency(report: dict, out_dir: str | Path) -> list[Path]:
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
     return written
+
+
+def plot_pareto(rows: list[dict], ttft: dict, path: str | Path) -> Path | None:
+    """Writes exact match vs full prefill (paired, 95% CI) against TTFT speedup, one point per policy."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    points = [r for r in rows if r["policy"] != "baseline" and ttft["speedup"].get(r["policy"])]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in points:
+        mean, low, high = (100 * v for v in r["diff"])
+        x = ttft["speedup"][r["policy"]]
+        ax.errorbar(x, mean, yerr=[[mean - low], [high - mean]], fmt="o", capsize=3,
+                    color="C1" if r["policy"].startswith("select") else "C0")
+        ax.annotate(r["policy"], (x, mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.axhspan(-2.5, 2.5, color="green", alpha=0.08, label="within 2.5 points")
+    ax.axvline(4, color="gray", ls=":", lw=0.8, label="4× faster")
+    n = points[0]["n"] if points else 0
+    ax.set(xscale="log", xlabel=f"TTFT speedup vs full prefill at {ttft['cached_tokens']:,} cached tokens",
+           ylabel="exact match − full prefill (points)", title=f"Recompute policies: accuracy vs speed (n={n})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -3,25 +3,27 @@
 Every question is answered once by a full prefill (the baseline) and once per
 policy from the same encoded modules (NaturalQuestions, N passages, one module
 each, preamble encoding), so each difference is paired on identical tokens.
+The TTFT that matters for a policy is at long prompts, so `ttft_by_policy`
+measures it apart, on ~4,000 cached tokens of documents.
 
-    python -m pc_cpu.benchmarks.recompute --count 100 --docs 5 [--policies 0 5% 20% tail:32 all] [--json]
+    pc-cpu bench recompute --n 200 --docs 5 [--policy 0 --policy 20% ...] --out answers.jsonl
+    pc-cpu bench recompute --summary answers.jsonl [more.jsonl] [--ttft ttft.json] [--plot pareto.png]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from pc_cpu.benchmarks import prompts
-from pc_cpu.benchmarks.evaldata import doc_items, load_nq
+from pc_cpu.benchmarks import prompts, workloads
+from pc_cpu.benchmarks.timing import stats
 from pc_cpu.benchmarks.intervals import paired_difference, wilson
 from pc_cpu.benchmarks.scoring import best_subspan_em
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells
 
-DEFAULT_POLICIES = ("0", "2%", "5%", "10%", "20%", "35%", "head:8", "tail:32", "head:8,tail:32", "all")
+DEFAULT_POLICIES = ("0", "2%", "5%", "10%", "20%", "35%", "head:8", "tail:32", "select:10%", "select:20%", "all")
 
 
 @dataclass(frozen=True)
@@ -57,70 +59,103 @@ def answer_item(cache, item, policies, *, n_docs: int, chat: bool, max_tokens: i
     return out
 
 
+def read_answers(paths) -> list[Answer]:
+    """Returns the answers of JSON-lines files from several runs; a (question, policy) seen twice counts once."""
+    seen: dict[tuple[int, str], Answer] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    a = Answer(**json.loads(line))
+                    seen.setdefault((a.index, a.policy), a)
+    return list(seen.values())
+
+
+def policies_in(answers: list[Answer]) -> list[str]:
+    """Returns the policies the answers cover (not the baseline), in first-seen order."""
+    return list(dict.fromkeys(a.policy for a in answers if a.policy != "baseline"))
+
+
+def ttft_by_policy(cache, policies, *, target_tokens: int = 4000, repeats: int = 3) -> dict:
+    """Returns TTFT p50 of the full prefill and of each policy on one ~target_tokens multi-document prompt.
+
+    Runs alternate (baseline, then every policy) within each repeat, so machine noise hits all alike.
+    """
+    w = workloads.multidoc(lambda t: cache.model.tokenize(t, special=False), target_tokens, name="rcttft")
+    cache.load_schema(w.schema)
+    for policy in policies:  # untimed: the first select: run loads the probe model
+        cache.generate(w.prompt, max_tokens=1, recompute=policy)
+    times: dict[str, list[float]] = {"baseline": [], **{p: [] for p in policies}}
+    for _ in range(repeats):
+        times["baseline"].append(cache.generate(w.prompt, max_tokens=1, use_cache=False).ttft_ms)
+        for policy in policies:
+            times[policy].append(cache.generate(w.prompt, max_tokens=1, recompute=policy).ttft_ms)
+    plan = cache.plan(w.prompt)
+    cache.unload_schema("rcttft")
+    base = stats(times["baseline"]).p50
+    return {"cached_tokens": plan.cached_tokens, "uncached_tokens": plan.uncached_tokens, "repeats": repeats,
+            "ttft_ms": {p: round(stats(t).p50, 1) for p, t in times.items()},
+            "speedup": {p: round(base / stats(t).p50, 2) for p, t in times.items()}}
+
+
 def _module_tokens(plan) -> int:
     """Returns the tokens the plan shares from modules (the schema's preamble is never recomputed)."""
     return sum(len(op.tokens) for op in plan.ops if isinstance(op, CopyCells) and op.module != ROOT)
 
 
-def summarize(answers: list[Answer], policies) -> list[dict]:
-    """Returns one row per policy: EM with its interval, paired difference to the baseline, agreement, TTFT."""
-    by_policy = {p: sorted((a for a in answers if a.policy == p), key=lambda a: a.index)
-                 for p in ("baseline", *policies)}
-    base = by_policy["baseline"]
-    base_ttft = statistics.median(a.ttft_ms for a in base)
+def summarize(answers: list[Answer], policies, ttft: dict | None = None) -> list[dict]:
+    """Returns one row per policy: EM with its interval, paired difference to the baseline, agreement, TTFT.
+
+    Only questions answered under every policy count, so every row is paired on the same questions.
+    `ttft` (from ttft_by_policy) adds each policy's speedup at long prompts.
+    """
+    wanted = ("baseline", *policies)
+    by_index: dict[int, dict[str, Answer]] = {}
+    for a in answers:
+        by_index.setdefault(a.index, {})[a.policy] = a
+    complete = sorted(i for i, got in by_index.items() if all(p in got for p in wanted))
+    base = [by_index[i]["baseline"] for i in complete]
+    base_ttft = statistics.median(a.ttft_ms for a in base) if base else 0.0
     rows = []
-    for policy in ("baseline", *policies):
-        got = by_policy[policy]
+    for policy in wanted:
+        got = [by_index[i][policy] for i in complete]
+        if not got:
+            continue
         em = wilson(sum(a.em for a in got), len(got))
         diff = paired_difference([a.em for a in got], [a.em for a in base])
         agree = wilson(sum(a.same_as_baseline for a in got), len(got))
-        ttft = statistics.median(a.ttft_ms for a in got)
-        rows.append({"policy": policy, "n": len(got), "em": em.pct(), "diff_pts": diff.pts(),
-                     "agreement": agree.pct(), "recomputed": f"{statistics.mean(a.recomputed_share for a in got):.0%}",
-                     "ttft_ms": round(ttft, 1), "ttft_speedup": round(base_ttft / ttft, 1)})
+        wins = sum(a.em and not b.em for a, b in zip(got, base))
+        losses = sum(b.em and not a.em for a, b in zip(got, base))
+        ttft_ms = statistics.median(a.ttft_ms for a in got)
+        row = {"policy": policy, "n": len(got), "em": em.pct(), "diff_pts": diff.pts(), "wins_losses": f"{wins}/{losses}",
+               "diff": [diff.estimate, diff.low, diff.high], "agreement": agree.pct(),
+               "recomputed": f"{statistics.mean(a.recomputed_share for a in got):.0%}",
+               "ttft_ms": round(ttft_ms, 1), "ttft_speedup": round(base_ttft / ttft_ms, 1)}
+        if ttft:
+            row["speedup_long"] = ttft["speedup"].get(policy)
+        rows.append(row)
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], ttft: dict | None = None) -> str:
     """Returns the rows as a Markdown table."""
-    head = "| policy | n | exact match | vs full prefill (pts) | agreement | recomputed | TTFT ms | speedup |"
+    long = f"speedup at {ttft['cached_tokens']:,} cached tok" if ttft else "speedup (these prompts)"
+    head = f"| policy | n | exact match | vs full prefill (pts) | +/− | agreement | recomputed | {long} |"
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['policy']} | {r['n']} | {r['em']} | {r['diff_pts']} | {r['agreement']} | "
-                     f"{r['recomputed']} | {r['ttft_ms']} | {r['ttft_speedup']}x |")
+        speed = r.get("speedup_long") if ttft else r["ttft_speedup"]
+        lines.append(f"| {r['policy']} | {r['n']} | {r['em']} | {r['diff_pts']} | {r['wins_losses']} | "
+                     f"{r['agreement']} | {r['recomputed']} | {speed}× |")
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--count", type=int, default=100)
-    parser.add_argument("--docs", type=int, default=5)
-    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
-    parser.add_argument("--plain", action="store_true", help="no chat template (base models)")
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--out", default=None, help="write every answer as a JSON line here")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-
-    from pc_cpu import PromptCache
-
-    items = doc_items(load_nq(), args.docs, args.count, seed=0)
-    answers: list[Answer] = []
-    out = open(args.out, "w") if args.out else None
-    with PromptCache(args.model, threads=args.threads, n_ctx=8192, store=False) as cache:
-        for i, item in enumerate(items):
-            got = answer_item(cache, item, args.policies, n_docs=args.docs, chat=not args.plain,
-                              max_tokens=args.max_tokens)
-            answers += got
-            if out:
-                out.writelines(json.dumps(asdict(a)) + "\n" for a in got)
-                out.flush()
-            print(f"{i + 1}/{len(items)}", end="\r", flush=True)
-    rows = summarize(answers, args.policies)
-    print(json.dumps(rows) if args.json else markdown(rows))
-
-
-if __name__ == "__main__":
-    main()
+def run(cache, items, policies, *, chat: bool, max_tokens: int, out=None, progress=None):
+    """Yields the answers of every item (see answer_item); appends each as a JSON line to `out` when given."""
+    for item in items:
+        got = answer_item(cache, item, policies, n_docs=len(item.passages), chat=chat, max_tokens=max_tokens)
+        if out is not None:
+            out.writelines(json.dumps(asdict(a)) + "\n" for a in got)
+            out.flush()
+        yield from got
+        if progress:
+            progress(1)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from pc_cpu.engine.assembler import assemble
+from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
 from pc_cpu.engine.modules import ModuleCache
@@ -105,14 +106,22 @@ class Request:
             self.events.put(Piece(text))
 
 
-def prefill_slot(ctx: Context, modules: ModuleCache, plan: Plan, slot: int, *, use_cache: bool) -> int:
+def prefill_slot(ctx: Context, modules: ModuleCache, plan: Plan, slot: int, *, use_cache: bool,
+                 blender: "Blender | None" = None) -> int:
     """Builds `plan`'s KV cache in the empty sequence `slot`; returns the position generation continues at.
 
     Cached: resident module cells are shared in and only the prompt's own tokens are
-    computed. Baseline: a full prefill of the identical tokens at positions 0..n-1.
+    computed (plus, with a `select:` policy, the cells `blender` picks). Baseline: a
+    full prefill of the identical tokens at positions 0..n-1.
     """
     if use_cache:
-        assemble(ctx, plan, slot, lambda key: modules.resident.get((plan.schema, key)))
+        library_of = lambda key: modules.resident.get((plan.schema, key))  # noqa: E731
+        if plan.selected_tokens:
+            if blender is None:
+                raise EngineError("recompute 'select:…' needs the probe model; use PromptCache.generate")
+            blender.assemble(plan, slot, library_of)
+        else:
+            assemble(ctx, plan, slot, library_of)
         return plan.end
     tokens = plan.tokens
     ctx.seq_rm(slot)
@@ -134,6 +143,7 @@ class Scheduler:
         self._closing = False
         self._thread: threading.Thread | None = None
         self.stats = SchedulerStats()
+        self.blender: Blender | None = None  # set by PromptCache when a prompt first asks for select:
 
     # --- callers' side --------------------------------------------------------
 
@@ -220,7 +230,7 @@ class Scheduler:
         job, ctx = request.job, self.ctx
         plan = job.plan
         end = plan.end if job.use_cache else len(plan.tokens)
-        new_cells = plan.uncached_tokens if job.use_cache else len(plan.tokens)
+        new_cells = plan.uncached_tokens + plan.selected_tokens if job.use_cache else len(plan.tokens)
         keys = plan.encodings if job.use_cache else frozenset()
         own_cells = sum(len(r.tokens) for key in keys for r in encoding_runs(job.layout, key, self.modules.mode))
         cap = min(job.max_tokens, ctx.n_ctx - end, ctx.n_ctx - own_cells - new_cells)
@@ -244,7 +254,8 @@ class Scheduler:
         request.sampler = Sampler(job.sampling)
         request.decoder = TextDecoder(ctx.model, job.stop)
         self._active.append(request)
-        request.next_pos = prefill_slot(ctx, self.modules, plan, request.slot, use_cache=job.use_cache)
+        request.next_pos = prefill_slot(ctx, self.modules, plan, request.slot, use_cache=job.use_cache,
+                                        blender=self.blender)
         token = request.sampler.sample(ctx.handle, -1)
         request.ttft_ms = (time.perf_counter() - job.t0) * 1000
         self._accept(request, token)

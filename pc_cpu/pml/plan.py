@@ -67,6 +67,7 @@ class Plan:
     schema: str
     ops: tuple[Op, ...]  # strictly increasing positions
     modules: tuple[str, ...]  # imported modules (ROOT first), in position order
+    select: float = 0.0  # share of module tokens the engine recomputes by K/V deviation (recompute "select:")
 
     @property
     def encodings(self) -> frozenset[str]:
@@ -100,6 +101,12 @@ class Plan:
     def uncached_tokens(self) -> int:
         return sum(len(op.tokens) for op in self.ops if isinstance(op, DecodeTokens))
 
+    @property
+    def selected_tokens(self) -> int:
+        """Returns how many shared module cells the engine computes again by deviation (`select`)."""
+        shared = sum(len(op.tokens) for op in self.ops if isinstance(op, CopyCells) and op.module != ROOT)
+        return round(self.select * shared)
+
 
 def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup,
                recompute: RecomputePolicy = NO_RECOMPUTE) -> Plan:
@@ -122,7 +129,7 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
         _append(ops, DecodeTokens(end, tuple(text), "prompt text"))
     ops = _ensure_last_is_decoded(ops)
     modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
-    return Plan(layout.schema, tuple(ops), modules)
+    return Plan(layout.schema, tuple(ops), modules, recompute.select)
 
 
 def _resolve_imports(layout: Layout, imports: tuple[Import, ...]) -> dict[str, dict[str, str]]:

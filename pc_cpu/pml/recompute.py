@@ -15,6 +15,9 @@ Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's
     "head:8,tail:32"   both
     "10%" or "0.1"     a fraction of each module's cached tokens, HEAD_SHARE of it at the head
     "all"              every cached token of the module (a full prefill at the layout positions)
+    "select:15%"       the 15% of all imported module tokens whose layer-1 K/V deviate most from a
+                       full prefill's (CacheBlend-style; the engine picks them, pc_cpu.engine.blend);
+                       combines with the forms above, e.g. "tail:8,select:10%"
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class RecomputePolicy:
     head: int = 0  # first tokens of each module
     tail: int = 0  # last tokens of each module
     fraction: float = 0.0  # of each module's cached tokens, split by HEAD_SHARE
+    select: float = 0.0  # of all imported module tokens, chosen by K/V deviation at assembly
 
     def split(self, n: int) -> tuple[int, int]:
         """Returns (head, tail) token counts to recompute in a module of `n` cached tokens."""
@@ -50,6 +54,7 @@ class RecomputePolicy:
     def __str__(self) -> str:
         parts = [f"head:{self.head}"] * bool(self.head) + [f"tail:{self.tail}"] * bool(self.tail)
         parts += [f"{self.fraction:.0%}"] * bool(self.fraction)
+        parts += [f"select:{self.select:.0%}"] * bool(self.select)
         return ",".join(parts) or "0"
 
 
@@ -65,20 +70,26 @@ def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolic
     if isinstance(text, (int, float)):
         return _fraction_policy(float(text), str(text))
     head = tail = 0
-    fraction = 0.0
+    fraction = select = 0.0
     for part in (p.strip().lower() for p in str(text).split(",")):
         if part in ("0", "none", ""):
             continue
         if part == "all":
             fraction = 1.0
+        elif part.startswith("select:"):
+            select = _fraction_text(part[len("select:"):], text)
         elif part.startswith(("head:", "tail:")):
             name, _, value = part.partition(":")
             count = _count(value, text)
             head, tail = (count, tail) if name == "head" else (head, count)
         else:
-            value = _number(part[:-1], text) / 100 if part.endswith("%") else _number(part, text)
-            fraction = _fraction_policy(value, text).fraction
-    return RecomputePolicy(head, tail, fraction)
+            fraction = _fraction_text(part, text)
+    return RecomputePolicy(head, tail, fraction, select)
+
+
+def _fraction_text(part: str, text) -> float:
+    value = _number(part[:-1], text) / 100 if part.endswith("%") else _number(part, text)
+    return _fraction_policy(value, text).fraction
 
 
 def _fraction_policy(value: float, text) -> RecomputePolicy:
@@ -92,7 +103,7 @@ def _number(value: str, text) -> float:
         return float(value)
     except ValueError:
         raise PromptCacheError(f"recompute {text!r} is not a policy; use 0, head:K, tail:K, head:K,tail:K, "
-                               "a fraction such as 10% or 0.1, or all") from None
+                               "a fraction such as 10% or 0.1, select:10%, or all") from None
 
 
 def _count(value: str, text) -> int:

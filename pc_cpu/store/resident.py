@@ -80,6 +80,10 @@ class ResidentTier:
         self.cells -= sum(b - a for a, b in intervals)
         return library.seq, intervals
 
+    def idle_seqs(self) -> list[int]:
+        """Returns the library sequences that hold no module (free for scratch work until the next put)."""
+        return [library.seq for library in self._libraries if not library.intervals]
+
     def keys(self, schema: str | None = None) -> list[ModuleKey]:
         """Returns the resident modules, of one schema when given."""
         return [k for k in self._where if schema is None or k[0] == schema]

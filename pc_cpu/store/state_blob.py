@@ -313,6 +313,40 @@ def scan(blob: BlobLike) -> StateBlobInfo:
         k_row_size=k0.row_size if k0 else 0, v_row_size=v0.row_size if v0 else 0)
 
 
+def layer_kv(blob: BlobLike, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Returns (positions, K, V) of one layer of a one-cache blob: float32 arrays, one row per cell.
+
+    For reading values (recompute selection), not part of the byte surface the C library mirrors.
+
+    Raises:
+        StateBlobError: the blob has several caches (sliding-window models), the layer does not
+            exist, or K/V are quantized (only F32 and F16 caches can be read).
+    """
+    lay = _layout_parse(blob)
+    if len(lay.sections) != 1:
+        raise _error("unsupported", f"state blob unsupported: {len(lay.sections)} KV caches (a sliding-window "
+                     "model); reading layer values needs a model with one cache")
+    sec = lay.sections[0]
+    if not 0 <= layer < sec.n_layer:
+        raise _error("argument", f"layer {layer} is not in a blob of {sec.n_layer} layers")
+    k = _rows(lay.buf, sec.k[layer], sec.n_cell, transposed=False)
+    v = _rows(lay.buf, sec.v[layer], sec.n_cell, transposed=bool(sec.v_trans))
+    return sec.positions.copy(), k, v
+
+
+def _rows(buf: memoryview, rec: _Layer, n_cell: int, *, transposed: bool) -> np.ndarray:
+    dtypes = {GGML_TYPE_F32: "<f4", GGML_TYPE_F16: "<f2"}
+    if rec.type not in dtypes:
+        raise _error("unsupported", f"state blob unsupported: ggml type {rec.type} (quantized KV cache); "
+                     "only F32 and F16 caches can be read")
+    dtype = np.dtype(dtypes[rec.type])
+    count = rec.row_size * n_cell // dtype.itemsize
+    data = np.frombuffer(buf, dtype=dtype, count=count, offset=rec.data_off)
+    if transposed:  # element-major: n_embd rows of n_cell values
+        return data.reshape(rec.n_embd, n_cell).T.astype(np.float32)
+    return data.reshape(n_cell, -1).astype(np.float32)
+
+
 # --- splice ----------------------------------------------------------------------------------
 
 def _parse_all(blobs: Sequence[BlobLike]) -> list[_Layout]:

@@ -52,7 +52,8 @@ def test_recomputing_a_tail_changes_the_answer_toward_the_full_prefill(make_cach
 
 POLICIES = st.one_of(st.just("0"), st.just("all"), st.builds(lambda h, t: f"head:{h},tail:{t}",
                                                              st.integers(0, 6), st.integers(0, 6)),
-                     st.builds(lambda f: f"{f}%", st.integers(0, 100)))
+                     st.builds(lambda f: f"{f}%", st.integers(0, 100)),
+                     st.builds(lambda t, f: f"tail:{t},select:{f}%", st.integers(0, 6), st.integers(1, 100)))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,158 @@
+"""Recomputes the cached tokens whose K/V deviate most from a full prefill (CacheBlend-style selection).
+
+A prompt assembled from modules encoded apart has cells that never attended to
+the other modules. With `recompute="select:R"` the engine, after sharing the
+module cells in and before computing the prompt's own text:
+
+1. runs the prompt through the probe (the model's first layers only) to get
+   the K/V a full prefill would have at layer 1, and reads the cached cells'
+   layer-1 K/V from the prompt's sequence;
+2. picks the R share of module tokens with the largest squared K+V difference;
+3. recomputes them all in one batch. llama.cpp accepts a batch for a sequence
+   only when it continues that sequence's last position, so each run of
+   adjacent chosen tokens gets its own idle sequence holding the prompt's
+   cells before it (seq_cp shares them, no copy); its fresh cells then replace
+   the cached ones in the prompt's sequence.
+
+Chosen tokens see the cached (not yet refreshed) cells of other runs before
+them within one batch; a later batch sees the earlier batches' fresh cells.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from pc_cpu.engine.assembler import assemble, decode_at
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.encoder import _apply_pending_shifts
+from pc_cpu.engine.probe import PROBE_LAYERS, Probe
+from pc_cpu.errors import PromptCacheError, StateBlobError
+from pc_cpu.pml.layout import ROOT
+from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
+from pc_cpu.store import state_blob
+
+Run = tuple[int, int]  # positions [start, end)
+
+
+class Blender:
+    """Selects and recomputes deviating cached tokens of prompts in one context."""
+
+    def __init__(self, ctx: Context, probe: Probe, spare_seqs: Callable[[], list[int]], scratch: int):
+        self.ctx = ctx
+        self.probe = probe
+        self.spare_seqs = spare_seqs  # sequences holding no cells right now, ours until we return
+        self.scratch = scratch
+        self.last_selected: tuple[int, ...] = ()  # positions recomputed by the last prompt (for tests, tools)
+
+    def close(self) -> None:
+        self.probe.close()
+
+    def assemble(self, plan: Plan, seq: int, library_of: Callable[[str], int]) -> None:
+        """Fills `seq` like assembler.assemble, recomputing plan.selected_tokens deviating cells on the way."""
+        cut = _after_last_copy(plan)
+        head = Plan(plan.schema, plan.ops[:cut], plan.modules)
+        assemble(self.ctx, head, seq, library_of)
+        self.last_selected = ()
+        if plan.selected_tokens and cut:
+            self.last_selected = self.refresh(head, seq, plan.selected_tokens)
+        last = len(plan.ops) - 1
+        for i in range(cut, len(plan.ops)):
+            decode_at(self.ctx, seq, plan.ops[i], want_logits=i == last)
+
+    def refresh(self, head: Plan, seq: int, count: int) -> tuple[int, ...]:
+        """Recomputes the `count` module cells of `seq` that deviate most; returns their positions."""
+        if any(isinstance(op, DecodeTokens) for op in head.ops):
+            _apply_pending_shifts(self.ctx, self.scratch)  # cached K must be rotated to its final place
+        try:
+            cached = state_blob.layer_kv(self.ctx.state_get(seq), PROBE_LAYERS - 1)
+            full = self.probe.kv(head)
+        except StateBlobError as exc:
+            raise PromptCacheError(f"recompute 'select:…' cannot read this model's KV cache ({exc}); "
+                                   "use head:K, tail:K or a fraction instead") from None
+        candidates = np.array([p for op in head.ops if isinstance(op, CopyCells) and op.module != ROOT
+                               for p in range(op.start, op.end)], dtype=np.int64)
+        scores = deviation(cached, full, candidates)
+        chosen = np.sort(candidates[np.argsort(-scores, kind="stable")[:count]])
+        present = set(cached[0].tolist())
+        runs = [r for r in contiguous_runs(chosen.tolist()) if r[0] == 0 or r[0] - 1 in present]
+        token_at = {p: t for p, t in zip(head.positions, head.tokens)}
+        recompute_runs(self.ctx, seq, runs, token_at, self.spare_seqs())
+        return tuple(p for a, b in runs for p in range(a, b))
+
+
+def deviation(cached, full, positions: np.ndarray) -> np.ndarray:
+    """Returns, for each position, the squared distance between cached and full-prefill K and V."""
+    def by_position(kv):
+        pos, k, v = kv
+        order = np.argsort(pos)
+        index = np.searchsorted(pos[order], positions)
+        if index.max(initial=0) >= len(pos) or not np.array_equal(pos[order][index], positions):
+            raise PromptCacheError("recompute 'select:…': the probe and the prompt disagree on positions")
+        rows = order[index]
+        return k[rows], v[rows]
+
+    ck, cv = by_position(cached)
+    fk, fv = by_position(full)
+    return ((ck - fk) ** 2).sum(axis=1) + ((cv - fv) ** 2).sum(axis=1)
+
+
+def contiguous_runs(positions: list[int]) -> list[Run]:
+    """Returns sorted positions grouped into runs of adjacent positions."""
+    runs: list[Run] = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
+
+
+def batches(runs: list[Run], seqs: int, n_batch: int) -> list[list[Run]]:
+    """Returns the runs packed into batches of at most `seqs` runs and `n_batch` tokens, in position order.
+
+    A run longer than what is left of a batch is cut; its rest starts the next batch, so
+    it continues from cells the previous batch has already refreshed.
+    """
+    out: list[list[Run]] = [[]]
+    room = n_batch
+    for start, end in runs:
+        while start < end:
+            if len(out[-1]) == seqs or room == 0:
+                out.append([])
+                room = n_batch
+            take = min(end - start, room)
+            out[-1].append((start, start + take))
+            room -= take
+            start += take
+    return [b for b in out if b]
+
+
+def recompute_runs(ctx: Context, seq: int, runs: list[Run], token_at: dict[int, int], spare: list[int]) -> None:
+    """Computes the tokens of `runs` again in `seq`, replacing their cells; `spare` are empty sequences."""
+    if not runs:
+        return
+    if not spare:
+        raise PromptCacheError("recompute 'select:…' needs an idle sequence; raise n_seq_max or unload a schema")
+    for batch in batches(runs, len(spare), ctx.n_batch):
+        tokens, positions, seqs = [], [], []
+        for (start, end), scratch in zip(batch, spare):
+            ctx.seq_cp(seq, scratch, 0, start)
+            tokens += [token_at[p] for p in range(start, end)]
+            positions += range(start, end)
+            seqs += [scratch] * (end - start)
+        try:
+            ctx.decode(tokens, positions, seqs, logits_last=False)
+            for (start, end), scratch in zip(batch, spare):
+                ctx.seq_rm(seq, start, end)
+                ctx.seq_cp(scratch, seq, start, end)
+        finally:
+            for scratch in spare[:len(batch)]:
+                ctx.seq_rm(scratch)
+
+
+def _after_last_copy(plan: Plan) -> int:
+    """Returns the index of the first op after the plan's last CopyCells (0 when it shares nothing)."""
+    copies = [i for i, op in enumerate(plan.ops) if isinstance(op, CopyCells)]
+    return copies[-1] + 1 if copies else 0
