@@ -136,7 +136,8 @@ def peers(model, threads, quick, as_json):
 @threads_option
 @quick_option
 @json_option
-@click.option("--n", "count", type=click.IntRange(1), default=None, help="Questions (default 200, quick 10).")
+@click.option("--n", "count", type=click.IntRange(0), default=None,
+              help="Questions (default 200, quick 10; 0: only the TTFT run).")
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="Passages per question.")
 @click.option("--policy", "policies", multiple=True,
               help="Recompute policy to measure (repeatable; default: a sweep from 0 to all, see --help-policies).")
@@ -169,7 +170,7 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
         chosen = list(policies) or rc.policies_in(answers)
     else:
         chosen = list(policies) or list(rc.DEFAULT_POLICIES)
-        count = count or (10 if quick else 200)
+        count = (10 if quick else 200) if count is None else count
         items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:]
         sink = open(out, "a", encoding="utf-8") if out else None
         try:
@@ -185,7 +186,10 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
     rows = rc.summarize(answers, chosen, ttft)
     if plot and ttft and not plot_pareto(rows, ttft, plot):
         click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
-    _emit({"rows": rows, "ttft": ttft}, rc.markdown(rows, ttft), as_json)
+    text = rc.markdown(rows, ttft) if rows else ""
+    if ttft:
+        text += ("\n\n" if text else "") + rc.ttft_markdown(ttft)
+    _emit({"rows": rows, "ttft": ttft}, text, as_json)
 
 
 @bench.command()

@@ -149,6 +149,15 @@ def markdown(rows: list[dict], ttft: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def ttft_markdown(ttft: dict) -> str:
+    """Returns the long-prompt TTFT of every policy as a Markdown table."""
+    lines = [f"TTFT p50 of {ttft['repeats']} alternating runs, {ttft['cached_tokens']:,} cached + "
+             f"{ttft['uncached_tokens']} uncached tokens.", "",
+             "| policy | TTFT ms | speedup vs full prefill |", "|---|---|---|"]
+    lines += [f"| {p} | {ms} | {ttft['speedup'][p]}× |" for p, ms in ttft["ttft_ms"].items()]
+    return "\n".join(lines)
+
+
 def run(cache, items, policies, *, chat: bool, max_tokens: int, out=None, progress=None):
     """Yields the answers of every item (see answer_item); appends each as a JSON line to `out` when given."""
     for item in items:

@@ -55,10 +55,12 @@ def peers_markdown(report: dict) -> str:
     out = [f"Model {report['model']}, {report['threads']} threads, {report['n_docs']} documents of "
            f"~{report['doc_tokens'] // report['n_docs']} tokens, n={report['repeats']} prompts per workload "
            "(after one untimed warm-up). TTFT ms p50 / p95 / mean.", "",
-           "| workload | prompt tokens | system | TTFT | speedup vs full prefill |", "|---|---|---|---|---|"]
+           "| workload | prompt tokens | prefix shared with the previous prompt | system | TTFT | speedup vs full prefill |",
+           "|---|---|---|---|---|---|"]
     for w in report["workloads"]:
         for name, s in w["systems"].items():
-            out.append(f"| {w['workload']} | {w['prompt_tokens']} | {name} | {_ms(s)} | {s['speedup_vs_full_prefill']}× |")
+            out.append(f"| {w['workload']} | {w['prompt_tokens']} | {w.get('prefix_with_previous', '?')} | {name} | "
+                       f"{_ms(s)} | {s['speedup_vs_full_prefill']}× |")
     return "\n".join(out)
 
 

@@ -41,3 +41,45 @@ def test_the_table_shows_the_long_prompt_speedup_when_timed():
     ttft = {"cached_tokens": 4012, "speedup": {"baseline": 1.0, "all": 0.98}}
     table = markdown(summarize(answers, ["all"], ttft), ttft)
     assert "speedup at 4,012 cached tok" in table and "| all | 1 |" in table and "0.98×" in table
+
+
+def test_the_ttft_table_lists_every_policy_with_its_speedup():
+    from pc_cpu.benchmarks.recompute import ttft_markdown
+
+    ttft = {"repeats": 3, "cached_tokens": 4012, "uncached_tokens": 9,
+            "ttft_ms": {"baseline": 16000.0, "20%": 3200.0}, "speedup": {"baseline": 1.0, "20%": 5.0}}
+    table = ttft_markdown(ttft)
+    assert "| 20% | 3200.0 | 5.0× |" in table and "4,012 cached + 9 uncached" in table
+
+
+def test_ttft_run_and_pareto_plot_on_the_tiny_model(tiny_model_path, tmp_path):
+    from click.testing import CliRunner
+
+    from pc_cpu.benchmarks.command import bench
+
+    plot = tmp_path / "pareto.png"
+    result = CliRunner().invoke(bench, ["recompute", "--model", str(tiny_model_path), "--n", "0", "--json",
+                                        "--ttft-tokens", "120", "--quick", "--policy", "0",
+                                        "--policy", "select:50%", "--policy", "all"])
+    assert result.exit_code == 0, result.output
+    ttft = json.loads(result.output)["ttft"]
+    assert set(ttft["speedup"]) == {"baseline", "0", "select:50%", "all"} and ttft["cached_tokens"] >= 120
+    answers = _answers("baseline", [True, False]) + _answers("0", [True, True]) + _answers("all", [True, False])
+    from pc_cpu.benchmarks.plots import plot_pareto
+
+    written = plot_pareto(summarize(answers, ["0", "all"]), ttft, plot)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert written is None
+    else:
+        assert written == plot and plot.stat().st_size > 0
+
+
+def test_a_bad_policy_is_refused_before_the_model_loads():
+    from click.testing import CliRunner
+
+    from pc_cpu.benchmarks.command import bench
+
+    result = CliRunner().invoke(bench, ["recompute", "--policy", "sometimes", "--model", "/nonexistent.gguf"])
+    assert result.exit_code != 0 and "sometimes" in str(result.exception or result.output)
