@@ -118,3 +118,17 @@ def test_select_zero_is_the_cached_answer(make_cache):
     assert cache.plan(GAP_FREE, recompute="select:0%").selected_tokens == 0
     assert (cache.generate(GAP_FREE, max_tokens=8, recompute="select:0%").token_ids
             == cache.generate(GAP_FREE, max_tokens=8).token_ids)
+
+
+def test_concurrent_prompts_with_selection_get_their_single_request_answers(make_cache):
+    from tests.engine.test_scheduler import QUESTIONS, SCHEMA, prompt, run_in_threads
+
+    cache = make_cache(parallel=4)
+    cache.load_schema(SCHEMA)
+    policies = ["select:30%", "tail:4", "select:60%", "0"] * 2
+    work = list(zip(QUESTIONS, policies))
+    alone = [cache.generate(prompt(q), max_tokens=12, recompute=p).token_ids for q, p in work]
+    together = run_in_threads(lambda w: cache.generate(prompt(w[0]), max_tokens=12, recompute=w[1]).token_ids, work)
+    assert together == alone
+    # Every borrowed sequence was handed back empty: the next prompt finds them idle again.
+    assert all(cache.ctx.seq_pos_max(seq) == -1 for seq in cache._resident.idle_seqs())
