@@ -32,7 +32,7 @@ def _schema_and_prompts(tokenize, doc_tokens: int, n_docs: int, count: int) -> t
     everything = "".join(f"<d{i}/>" for i in range(n_docs))
     shared = [f'<prompt schema="peer">{everything}<user>{QUESTIONS[i % len(QUESTIONS)]}</user></prompt>'
               for i in range(count)]
-    window = [f'<prompt schema="peer">' + "".join(f"<d{(i + k) % n_docs}/>" for k in sorted(
+    window = ['<prompt schema="peer">' + "".join(f"<d{(i + k) % n_docs}/>" for k in sorted(
         range(3), key=lambda k: (i + k) % n_docs)) + f'<user>{QUESTIONS[i % len(QUESTIONS)]}</user></prompt>'
         for i in range(count)]
     return schema, {"shared prefix": shared, "documents not a prefix": window}

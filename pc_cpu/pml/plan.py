@@ -15,6 +15,8 @@ A prompt that imports only some members uses the members' own encodings.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Union
 
@@ -121,9 +123,10 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     if prompt.schema != layout.schema:
         raise PromptError(f"prompt is for schema {prompt.schema!r}, not {layout.schema!r}")
     imported = _resolve_imports(layout, prompt.imports)
-    redo = _recomputed_positions(layout, imported, recompute)
-    ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer, redo)
     text = _free_text_tokens(layout, prompt, tokenizer, markup)
+    redo = (_recomputed_positions(layout, imported, recompute)
+            | _relevant_positions(layout, imported, recompute.relevant, text))
+    ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer, redo)
     end = ops[-1].end if ops else 0
     if text:
         _append(ops, DecodeTokens(end, tuple(text), "prompt text"))
@@ -240,6 +243,28 @@ def _recomputed_positions(layout: Layout, imported, policy: RecomputePolicy) -> 
         cached = [p for piece in module.pieces if layout.is_cached(name, piece) for p in range(piece.start, piece.end)]
         chosen |= own_policy.choose(cached)
     return frozenset(chosen)
+
+
+def _relevant_positions(layout: Layout, imported, count: int, query: list[int]) -> frozenset[int]:
+    """Returns every cached position of the `count` imported modules most like the prompt's own text.
+
+    A module's score is the sum, over distinct query tokens it contains, of log(1 + M / df):
+    tokens that every module has (markup, "the") count little. Ties go to the earlier module.
+    """
+    if not count or not query:
+        return frozenset()
+    cached = {name: [(p, t) for piece in layout.modules[name].pieces if layout.is_cached(name, piece)
+                     for p, t in zip(range(piece.start, piece.end), piece.tokens)]
+              for name in imported if name != ROOT}
+    vocab = {name: {t for _, t in cells} for name, cells in cached.items() if cells}
+    df = Counter(t for tokens in vocab.values() for t in tokens)
+    wanted = set(query)
+
+    def score(name: str) -> float:
+        return sum(math.log(1 + len(vocab) / df[t]) for t in wanted & vocab[name])
+
+    top = sorted(vocab, key=lambda name: (-score(name), layout.modules[name].start))[:count]
+    return frozenset(p for name in top for p, _ in cached[name])
 
 
 def _split_recomputed(piece: Piece, redo: frozenset[int]) -> list[tuple[bool, Piece]]:

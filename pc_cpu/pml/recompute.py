@@ -18,6 +18,9 @@ Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's
     "select:15%"       the 15% of all imported module tokens whose layer-1 K/V deviate most from a
                        full prefill's (CacheBlend-style; the engine picks them, pc_cpu.engine.blend);
                        combines with the forms above, e.g. "tail:8,select:10%"
+    "relevant:1"       every cached token of the 1 imported module that shares the most (and rarest)
+                       tokens with the prompt's own text: the passage the question is about sees the
+                       rest of the prompt, as in a full prefill
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class RecomputePolicy:
     tail: int = 0  # last tokens of each module
     fraction: float = 0.0  # of each module's cached tokens, split by HEAD_SHARE
     select: float = 0.0  # of all imported module tokens, chosen by K/V deviation at assembly
+    relevant: int = 0  # modules recomputed whole: the ones most like the prompt's own text
 
     def split(self, n: int) -> tuple[int, int]:
         """Returns (head, tail) token counts to recompute in a module of `n` cached tokens."""
@@ -55,6 +59,7 @@ class RecomputePolicy:
         parts = [f"head:{self.head}"] * bool(self.head) + [f"tail:{self.tail}"] * bool(self.tail)
         parts += [f"{self.fraction:.0%}"] * bool(self.fraction)
         parts += [f"select:{self.select:.0%}"] * bool(self.select)
+        parts += [f"relevant:{self.relevant}"] * bool(self.relevant)
         return ",".join(parts) or "0"
 
 
@@ -71,11 +76,14 @@ def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolic
         return _fraction_policy(float(text), str(text))
     head = tail = 0
     fraction = select = 0.0
+    relevant = 0
     for part in (p.strip().lower() for p in str(text).split(",")):
         if part in ("0", "none", ""):
             continue
         if part == "all":
             fraction = 1.0
+        elif part.startswith("relevant:"):
+            relevant = _count(part[len("relevant:"):], text)
         elif part.startswith("select:"):
             select = _fraction_text(part[len("select:"):], text)
         elif part.startswith(("head:", "tail:")):
@@ -84,7 +92,7 @@ def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolic
             head, tail = (count, tail) if name == "head" else (head, count)
         else:
             fraction = _fraction_text(part, text)
-    return RecomputePolicy(head, tail, fraction, select)
+    return RecomputePolicy(head, tail, fraction, select, relevant)
 
 
 def _fraction_text(part: str, text) -> float:
@@ -103,10 +111,10 @@ def _number(value: str, text) -> float:
         return float(value)
     except ValueError:
         raise PromptCacheError(f"recompute {text!r} is not a policy; use 0, head:K, tail:K, head:K,tail:K, "
-                               "a fraction such as 10% or 0.1, select:10%, or all") from None
+                               "a fraction such as 10% or 0.1, select:10%, relevant:1, or all") from None
 
 
 def _count(value: str, text) -> int:
     if not value.isdigit():
-        raise PromptCacheError(f"recompute {text!r}: head and tail take a whole number of tokens, e.g. tail:32")
+        raise PromptCacheError(f"recompute {text!r}: head, tail and relevant take a whole number, e.g. tail:32")
     return int(value)

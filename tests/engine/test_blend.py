@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.engine.blend import batches, contiguous_runs, deviation
-from pc_cpu.engine.model import Model
 from pc_cpu.engine.probe import PROBE_LAYERS, Probe
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.store import state_blob

@@ -50,7 +50,7 @@ def test_recomputing_a_tail_changes_the_answer_toward_the_full_prefill(make_cach
     assert distances[-1] == 0.0 and distances[0] > 0.0
 
 
-POLICIES = st.one_of(st.just("0"), st.just("all"), st.builds(lambda h, t: f"head:{h},tail:{t}",
+POLICIES = st.one_of(st.just("0"), st.just("all"), st.just("relevant:1"), st.builds(lambda h, t: f"head:{h},tail:{t}",
                                                              st.integers(0, 6), st.integers(0, 6)),
                      st.builds(lambda f: f"{f}%", st.integers(0, 100)),
                      st.builds(lambda t, f: f"tail:{t},select:{f}%", st.integers(0, 6), st.integers(1, 100)))

@@ -25,13 +25,13 @@ PROMPT = '<prompt schema="r"><a/><b/> Why?</prompt>'
     ("head:8,tail:32", RecomputePolicy(8, 32)), ("10%", RecomputePolicy(fraction=0.1)),
     ("0.25", RecomputePolicy(fraction=0.25)), (0.5, RecomputePolicy(fraction=0.5)),
     ("all", RecomputePolicy(fraction=1.0)), ("select:15%", RecomputePolicy(select=0.15)),
-    ("tail:8,select:0.1", RecomputePolicy(tail=8, select=0.1)),
+    ("tail:8,select:0.1", RecomputePolicy(tail=8, select=0.1)), ("relevant:1", RecomputePolicy(relevant=1)),
 ])
 def test_policies_parse(text, policy):
     assert parse_policy(text) == policy
 
 
-@pytest.mark.parametrize("text", ["head:x", "tail:-1", "150%", "sometimes", "1.5", "select:x", "select:150%"])
+@pytest.mark.parametrize("text", ["head:x", "tail:-1", "150%", "sometimes", "1.5", "select:x", "select:150%", "relevant:one"])
 def test_bad_policies_name_the_valid_forms(text):
     with pytest.raises(PromptCacheError, match="recompute"):
         parse_policy(text)
@@ -92,3 +92,34 @@ def test_a_modules_own_policy_wins_over_the_calls(tok):
 def test_a_bad_module_policy_is_a_schema_error():
     with pytest.raises(SchemaError, match="module 'a'.*recompute"):
         parse_schema('<schema name="s"><module name="a" recompute="often">x</module></schema>')
+
+
+DOCS3 = ('<schema name="q">Intro. <module name="fruit">apples and pears grow in the orchard</module>'
+         '<module name="boats">boats sail on the river to the sea</module>'
+         '<module name="birds">the birds fly over the orchard and the river</module></schema>')
+
+
+def _recomputed_modules(plan, layout):
+    """Returns the modules none of whose cells are shared (all computed again)."""
+    decoded = {p for op in plan.ops if isinstance(op, DecodeTokens) for p in range(op.start, op.end)}
+    return {name for name in ("fruit", "boats", "birds")
+            if set(range(layout.modules[name].start, layout.modules[name].end)) <= decoded}
+
+
+def test_relevant_recomputes_the_whole_module_most_like_the_question(tok):
+    layout = layout_of(DOCS3, tok)
+    prompt = '<prompt schema="q"><fruit/><boats/><birds/> where do the boats sail ?</prompt>'
+    plan = plan_of(layout, prompt, tok, recompute=parse_policy("relevant:1"))
+    assert _recomputed_modules(plan, layout) == {"boats"}
+    assert not any(isinstance(op, CopyCells) and op.module == "boats" for op in plan.ops)
+    two = plan_of(layout, prompt, tok, recompute=parse_policy("relevant:2"))
+    # "the" is in every module and counts for little; "river" was not asked about: "sail" and "boats" win,
+    # then the tie between fruit and birds ("the" only) goes to the earlier module.
+    assert _recomputed_modules(two, layout) == {"boats", "fruit"}
+    assert plan.tokens == plan_of(layout, prompt, tok).tokens
+
+
+def test_relevant_does_nothing_without_prompt_text(tok):
+    layout = layout_of(DOCS3, tok)
+    plan = plan_of(layout, '<prompt schema="q"><fruit/><boats/></prompt>', tok, recompute=parse_policy("relevant:1"))
+    assert plan.cached_tokens == plan_of(layout, '<prompt schema="q"><fruit/><boats/></prompt>', tok).cached_tokens
