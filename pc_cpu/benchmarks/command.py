@@ -166,7 +166,9 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
         parse_policy(p)  # a bad policy fails here, before the model loads
     ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
     if summaries:
-        answers = rc.read_answers(summaries)
+        # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
+        items = evaldata.doc_items(evaldata.load_nq(), docs, count or 200, seed=0)
+        answers = rc.with_gold_positions(rc.read_answers(summaries), {i.index: i.gold_index for i in items})
         chosen = list(policies) or rc.policies_in(answers)
     else:
         chosen = list(policies) or list(rc.DEFAULT_POLICIES)
@@ -186,7 +188,8 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
     rows = rc.summarize(answers, chosen, ttft)
     if plot and ttft and not plot_pareto(rows, ttft, plot):
         click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
-    text = rc.markdown(rows, ttft) if rows else ""
+    text = rc.markdown(rows, ttft) + "\n\nExact matches by gold position:\n\n" + rc.by_position_markdown(
+        answers, chosen) if rows else ""
     if ttft:
         text += ("\n\n" if text else "") + rc.ttft_markdown(ttft)
     _emit({"rows": rows, "ttft": ttft}, text, as_json)

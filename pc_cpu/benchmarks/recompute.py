@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pc_cpu.benchmarks import prompts, workloads
 from pc_cpu.benchmarks.timing import stats
@@ -36,6 +36,7 @@ class Answer:
     same_as_baseline: bool
     ttft_ms: float
     recomputed_share: float  # of the module tokens, computed again for this prompt
+    gold_index: int = -1  # where the gold passage is (-1: not recorded, in files of older runs)
 
 
 def answer_item(cache, item, policies, *, n_docs: int, chat: bool, max_tokens: int) -> list[Answer]:
@@ -47,13 +48,14 @@ def answer_item(cache, item, policies, *, n_docs: int, chat: bool, max_tokens: i
     try:
         base = cache.generate(prompt, max_tokens=max_tokens, use_cache=False)
         module_tokens = _module_tokens(cache.plan(prompt))
-        out = [Answer(item.index, "baseline", best_subspan_em(base.text, item.answers), True, base.ttft_ms, 1.0)]
+        out = [Answer(item.index, "baseline", best_subspan_em(base.text, item.answers), True, base.ttft_ms, 1.0,
+                      item.gold_index)]
         for policy in policies:
             plan = cache.plan(prompt, recompute=policy)
             result = cache.generate(prompt, max_tokens=max_tokens, recompute=policy)
             share = 1 - _module_tokens(plan) / module_tokens if module_tokens else 0.0
             out.append(Answer(item.index, policy, best_subspan_em(result.text, item.answers),
-                              result.token_ids == base.token_ids, result.ttft_ms, share))
+                              result.token_ids == base.token_ids, result.ttft_ms, share, item.gold_index))
     finally:
         cache.unload_schema(name)
     return out
@@ -146,6 +148,28 @@ def markdown(rows: list[dict], ttft: dict | None = None) -> str:
         speed = r.get("speedup_long") if ttft else r["ttft_speedup"]
         lines.append(f"| {r['policy']} | {r['n']} | {r['em']} | {r['diff_pts']} | {r['wins_losses']} | "
                      f"{r['agreement']} | {r['recomputed']} | {speed}× |")
+    return "\n".join(lines)
+
+
+def with_gold_positions(answers: list[Answer], gold_of: dict[int, int]) -> list[Answer]:
+    """Returns the answers with gold_index filled in from `gold_of` (question index -> position) where missing."""
+    return [a if a.gold_index >= 0 else replace(a, gold_index=gold_of.get(a.index, -1)) for a in answers]
+
+
+def by_position_markdown(answers: list[Answer], policies) -> str:
+    """Returns exact-match counts per gold-passage position (questions answered under every policy)."""
+    wanted = ("baseline", *policies)
+    by_index: dict[int, dict[str, Answer]] = {}
+    for a in answers:
+        by_index.setdefault(a.index, {})[a.policy] = a
+    complete = [got for got in by_index.values() if all(p in got for p in wanted)]
+    positions = sorted({got["baseline"].gold_index for got in complete})
+    lines = ["| gold position | n | " + " | ".join(wanted) + " |", "|---" * (len(wanted) + 2) + "|"]
+    for pos in positions:
+        rows = [got for got in complete if got["baseline"].gold_index == pos]
+        cells = [str(sum(got[p].em for got in rows)) for p in wanted]
+        label = pos + 1 if pos >= 0 else "?"
+        lines.append(f"| {label} | {len(rows)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -83,3 +83,15 @@ def test_a_bad_policy_is_refused_before_the_model_loads():
 
     result = CliRunner().invoke(bench, ["recompute", "--policy", "sometimes", "--model", "/nonexistent.gguf"])
     assert result.exit_code != 0 and "sometimes" in str(result.exception or result.output)
+
+
+def test_positions_table_counts_exact_matches_per_gold_position():
+    from dataclasses import replace
+
+    from pc_cpu.benchmarks.recompute import by_position_markdown, with_gold_positions
+
+    answers = _answers("baseline", [True, True, False]) + _answers("0", [False, True, False])
+    answers = with_gold_positions(answers, {0: 0, 1: 1, 2: 1})
+    answers[1] = replace(answers[1], gold_index=1)  # a recorded position is kept as it is
+    table = by_position_markdown(answers, ["0"])
+    assert "| 1 | 1 | 1 | 0 |" in table and "| 2 | 2 | 1 | 1 |" in table
