@@ -15,6 +15,10 @@ model_option = click.option("--model", type=click.Path(dir_okay=False), default=
                             help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=2, show_default=True)
 quick_option = click.option("--quick", is_flag=True, help="A size that fits in a few minutes.")
+# The small models restate the 36-character key (~30 tokens) before giving the value (~30 more):
+# 64 tokens cut most answers off mid-UUID and scored them wrong.
+KV_MAX_TOKENS = 128
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the raw results as JSON.")
 
 
@@ -92,7 +96,7 @@ def accuracy(model, threads, quick, as_json, count, task, kv_keys, gaps, out, pl
              "nq10": (acc.nq_task(10, chat=chat), lambda: evaldata.doc_items(evaldata.load_nq(), 10, count, seed=1),
                       (), 32),
              "kv": (acc.kv_task(kv_keys, 1, chat=chat),
-                    lambda: evaldata.kv_items(evaldata.load_kv(), kv_keys, count), (), 64)}
+                    lambda: evaldata.kv_items(evaldata.load_kv(), kv_keys, count), (), KV_MAX_TOKENS)}
     caches = {m: PromptCache(model, threads=threads, n_ctx=4096, store=False, encoding=m, ram_bytes=256 << 20)
               for m in acc.ENCODINGS}
     records = []
