@@ -55,3 +55,21 @@ def test_start_resumes_with_the_same_items(make_cache):
     caches = {m: make_cache(encoding=m, store=False) for m in accuracy.ENCODINGS}
     records = list(accuracy.run(caches, accuracy.nq_task(3), ITEMS, settings=("modular",), max_tokens=2, start=1))
     assert {r.index for r in records} == {ITEMS[1].index}
+
+
+def test_kv_answers_have_room_for_the_restated_key_and_the_value(tiny_model_path):
+    # SmolLM2 answers 'The value associated with the key "<uuid>" is "<uuid>".'; 64 tokens cut it mid-value.
+    import random
+    import uuid
+
+    from pc_cpu.benchmarks.command import KV_MAX_TOKENS
+    from pc_cpu.engine.model import Model
+
+    rng = random.Random(0)
+    key, value = (uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(2))
+    answer = f'The value associated with the key "{key}" is "{value}".'
+    model = Model(tiny_model_path)
+    try:
+        assert len(model.tokenize(answer, special=False)) + 8 <= KV_MAX_TOKENS
+    finally:
+        model.close()
