@@ -21,15 +21,31 @@ MAX_ELEMENTS = 100_000
 MAX_TEXT_CHARS = 16 * 1024 * 1024  # characters of text in one document
 
 # A written newline (&#10;) must survive the trimming of XML indentation, but expat
-# turns it into "\n" before we see it. So it is swapped for this private-use
-# character before parsing; text consumers turn it back (see restore_newlines).
-KEPT_NEWLINE = "\ue000"
+# turns it into "\n" before we see it. So before parsing, outside CDATA sections,
+# every &#10; becomes the two characters MARK + "1", and every literal or referenced
+# MARK (a private-use character a user may well write) becomes MARK + "0": after
+# parsing, each MARK starts one of those pairs and restore_newlines undoes them.
+MARK = "\ue000"
 _NEWLINE_REF = re.compile(r"&#(?:0*10|[xX]0*[aA]);")
+_MARK_REF = re.compile(r"&#(?:0*57344|[xX]0*[eE]000);")
+_CDATA = re.compile(r"(<!\[CDATA\[.*?\]\]>)", re.DOTALL)
+_PAIR = re.compile(MARK + "(.)", re.DOTALL)
+
+
+def _protect(source: str) -> str:
+    """Returns the source with written newlines and MARKs encoded as pairs (CDATA only escapes MARKs)."""
+    parts = _CDATA.split(source)
+    for i, part in enumerate(parts):
+        part = part.replace(MARK, MARK + "0")
+        if i % 2 == 0:  # outside CDATA: character references are markup there
+            part = _NEWLINE_REF.sub(MARK + "1", _MARK_REF.sub(MARK + "0", part))
+        parts[i] = part
+    return "".join(parts)
 
 
 def restore_newlines(text: str) -> str:
-    """Returns `text` with every written &#10; back as a newline."""
-    return text.replace(KEPT_NEWLINE, "\n")
+    """Returns parsed `text` with every written &#10; back as a newline (and every MARK as itself)."""
+    return _PAIR.sub(lambda m: "\n" if m.group(1) == "1" else MARK, text)
 
 
 @dataclass
@@ -95,10 +111,15 @@ class _Builder:
         if not self.stack:
             return
         children = self.stack[-1].children
+        # A Text's line is where its first non-blank character is (what an error message should point at).
+        line = self._where()[0] + text[:len(text) - len(text.lstrip())].count("\n")
         if children and isinstance(children[-1], Text):
-            children[-1].value += text  # expat splits text at buffer edges and entities
+            node = children[-1]  # expat splits text at lines, buffer edges and entities
+            if not node.value.strip() and text.strip():
+                node.line = line
+            node.value += text
         else:
-            children.append(Text(text, self._where()[0]))
+            children.append(Text(text, line))
 
     def close(self) -> Element | None:
         return self.root
@@ -128,7 +149,9 @@ def parse_xml(source: str | bytes, *, what: str) -> Element:
         parser = DET.DefusedXMLParser(target=builder, forbid_dtd=True, forbid_entities=True,
                                       forbid_external=True)
         builder.parser = parser
-        parser.feed(_NEWLINE_REF.sub(KEPT_NEWLINE, source))
+        # Text events as they come, not buffered up to the next tag: a Text then records the line it starts on.
+        parser.parser.buffer_text = False
+        parser.feed(_protect(source))
         root = parser.close()
     except PMLSyntaxError:
         raise

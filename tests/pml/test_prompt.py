@@ -70,7 +70,7 @@ def test_spaces_between_imports_are_not_text():
 def test_free_text_outside_roles_has_no_role():
     prompt = parse_prompt('<prompt schema="s"><a/>\n  What now?\n</prompt>')
 
-    assert prompt.turns == (Turn(None, "What now?", 3),)
+    assert prompt.turns == (Turn(None, "What now?", 2),)  # the line the text is written on
     assert not prompt.uses_roles
 
 
@@ -132,8 +132,6 @@ def test_text_before_an_import():
     assert error.line == 3
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 'text ... (line N) comes before the import' names the line where "
-                                       "the text ends, not where it is written (same cause as Text.line)")
 def test_text_before_an_import_names_the_text_line():
     error = prompt_error('<prompt schema="s">\nHello\n<doc/></prompt>')
 

@@ -65,8 +65,6 @@ def test_trip_schema_parses_into_the_expected_tree():
     assert not schema.uses_roles()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Text.line is the line where a text run ends (expat buffer_text "
-                                       "flushes at the next tag), not where it starts (xmltree._Builder.data)")
 def test_text_nodes_carry_the_line_where_the_text_starts():
     schema = parse_schema(TRIP)
 
@@ -219,8 +217,6 @@ def test_char_reference_newline_with_leading_zero_stays():
     assert schema.children[0].children == (TextNode("Line one\n", 1),)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a literal U+E000 in PML text comes back as a newline "
-                                       "(xmltree.KEPT_NEWLINE is not escaped in the input)")
 def test_private_use_character_in_text_is_kept():
     schema = parse_schema('<schema name="s"><module name="m">a\ue000b</module></schema>')
 
@@ -233,8 +229,6 @@ def test_cdata_is_literal_text():
     assert schema.children[0].children == (TextNode("a <b> & c", 1),)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: '&#10;' inside CDATA is turned into a newline; CDATA content must stay "
-                                       "literal (xmltree.parse_xml rewrites &#10; in the raw source)")
 def test_char_reference_inside_cdata_stays_literal():
     schema = parse_schema('<schema name="s"><module name="m"><![CDATA[a &#10; b]]></module></schema>')
 
@@ -607,3 +601,15 @@ def test_prompt_documents_get_the_same_xml_checks():
 def test_every_schema_error_is_a_prompt_cache_error():
     assert issubclass(SchemaError, PromptCacheError)
     assert issubclass(PMLSyntaxError, PromptCacheError)
+
+
+@pytest.mark.parametrize("written, meant", [
+    ("a&#xE000;1b", "a\ue0001b"),  # a referenced private-use character before a "1" is not a newline
+    ("a\ue0000b", "a\ue0000b"),
+    ("a&#10;\ue000&#xa;b", "a\n\ue000\nb"),
+    ("<![CDATA[\ue0001 &#10;]]>", "\ue0001 &#10;"),
+])
+def test_written_newlines_and_private_use_characters_come_back_as_written(written, meant):
+    schema = parse_schema(f'<schema name="s"><module name="m">{written}</module></schema>')
+
+    assert schema.children[0].children == (TextNode(meant, 1),)
