@@ -53,7 +53,8 @@ def answer_item(cache, item, policies, *, n_docs: int, chat: bool, max_tokens: i
         for policy in policies:
             plan = cache.plan(prompt, recompute=policy)
             result = cache.generate(prompt, max_tokens=max_tokens, recompute=policy)
-            share = 1 - _module_tokens(plan) / module_tokens if module_tokens else 0.0
+            # Shared module cells the plan computes again, plus those the engine picks (select:).
+            share = (1 - (_module_tokens(plan) - plan.selected_tokens) / module_tokens) if module_tokens else 0.0
             out.append(Answer(item.index, policy, best_subspan_em(result.text, item.answers),
                               result.token_ids == base.token_ids, result.ttft_ms, share, item.gold_index))
     finally:
