@@ -136,6 +136,9 @@ def summarize(answers: list[Answer], policies, ttft: dict | None = None) -> list
                "ttft_ms": round(ttft_ms, 1), "ttft_speedup": round(base_ttft / ttft_ms, 1)}
         if ttft:
             row["speedup_long"] = ttft["speedup"].get(policy)
+        if "0" in policies and policy not in ("baseline", "0"):  # does recomputing beat not recomputing?
+            none = [by_index[i]["0"].em for i in complete]
+            row["vs_none_pts"] = paired_difference([a.em for a in got], none).pts()
         rows.append(row)
     return rows
 
@@ -143,12 +146,13 @@ def summarize(answers: list[Answer], policies, ttft: dict | None = None) -> list
 def markdown(rows: list[dict], ttft: dict | None = None) -> str:
     """Returns the rows as a Markdown table."""
     long = f"speedup at {ttft['cached_tokens']:,} cached tok" if ttft else "speedup (these prompts)"
-    head = f"| policy | n | exact match | vs full prefill (pts) | +/− | agreement | recomputed | {long} |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    head = (f"| policy | n | exact match | vs full prefill (pts) | +/− | vs recompute 0 (pts) | agreement | "
+            f"recomputed | {long} |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = r.get("speedup_long") if ttft else r["ttft_speedup"]
         lines.append(f"| {r['policy']} | {r['n']} | {r['em']} | {r['diff_pts']} | {r['wins_losses']} | "
-                     f"{r['agreement']} | {r['recomputed']} | {speed}× |")
+                     f"{r.get('vs_none_pts', '—')} | {r['agreement']} | {r['recomputed']} | {speed}× |")
     return "\n".join(lines)
 
 
