@@ -152,7 +152,8 @@ def markdown(rows: list[dict], ttft: dict | None = None) -> str:
     for r in rows:
         speed = r.get("speedup_long") if ttft else r["ttft_speedup"]
         lines.append(f"| {r['policy']} | {r['n']} | {r['em']} | {r['diff_pts']} | {r['wins_losses']} | "
-                     f"{r.get('vs_none_pts', '—')} | {r['agreement']} | {r['recomputed']} | {speed}× |")
+                     f"{r.get('vs_none_pts', '—')} | {r['agreement']} | {r['recomputed']} | "
+                     f"{'—' if speed is None else f'{speed}×'} |")
     return "\n".join(lines)
 
 
