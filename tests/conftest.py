@@ -22,31 +22,20 @@ def smollm2_path() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _store_in_a_temp_dir(tmp_path_factory):
-    """Points the disk tier at a temp dir, so tests never write to the user's cache."""
+def _caches_in_temp_dirs(tmp_path_factory):
+    """Points the disk tier and the cut-down probe models at temp dirs: tests never write to the user's cache."""
     import os
 
-    old = os.environ.get("PC_CPU_STORE_DIR")
-    os.environ["PC_CPU_STORE_DIR"] = str(tmp_path_factory.mktemp("store"))
+    variables = {"PC_CPU_STORE_DIR": "store", "PC_CPU_PROBE_DIR": "probe"}
+    old = {name: os.environ.get(name) for name in variables}
+    for name, folder in variables.items():
+        os.environ[name] = str(tmp_path_factory.mktemp(folder))
     yield
-    if old is None:
-        del os.environ["PC_CPU_STORE_DIR"]
-    else:
-        os.environ["PC_CPU_STORE_DIR"] = old
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _probe_models_in_a_temp_dir(tmp_path_factory):
-    """Cut-down probe models (recompute "select:") go to a temp dir, not the user's cache."""
-    import os
-
-    old = os.environ.get("PC_CPU_PROBE_DIR")
-    os.environ["PC_CPU_PROBE_DIR"] = str(tmp_path_factory.mktemp("probe"))
-    yield
-    if old is None:
-        del os.environ["PC_CPU_PROBE_DIR"]
-    else:
-        os.environ["PC_CPU_PROBE_DIR"] = old
+    for name, value in old.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from pc_cpu.engine.model import Model
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.store import state_blob
+from pc_cpu.store.disk import cache_dir
 
 PROBE_LAYERS = 2  # layer 0's K/V depend only on the token and its position; layer 1 is the first that differs
 _PROBE_SEQ, _SHIFT_SEQ = 0, 1
@@ -30,10 +31,7 @@ _PROBE_SEQ, _SHIFT_SEQ = 0, 1
 
 def probe_dir(environ=None) -> Path:
     """Returns where cut-down models are kept: $PC_CPU_PROBE_DIR, else <user cache dir>/pc_cpu/probe."""
-    env = os.environ if environ is None else environ
-    if env.get("PC_CPU_PROBE_DIR"):
-        return Path(env["PC_CPU_PROBE_DIR"]).expanduser()
-    return Path(env.get("XDG_CACHE_HOME") or Path("~/.cache").expanduser()) / "pc_cpu" / "probe"
+    return cache_dir("probe", "PC_CPU_PROBE_DIR", environ)
 
 
 def truncated_model(model: Model, n_layers: int, directory: Path) -> Path:

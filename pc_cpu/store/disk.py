@@ -37,16 +37,18 @@ _ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.pcs$")
 _TEMP_SUFFIX = ".tmp"
 
 
-def default_store_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Returns where the disk store lives: $PC_CPU_STORE_DIR, else <user cache dir>/pc_cpu/store.
-
-    The user cache dir is $XDG_CACHE_HOME, else ~/.cache.
-    """
+def cache_dir(name: str, variable: str, environ: Mapping[str, str] | None = None) -> Path:
+    """Returns $`variable` if set, else <user cache dir>/pc_cpu/`name` ($XDG_CACHE_HOME, else ~/.cache)."""
     env = os.environ if environ is None else environ
-    if env.get("PC_CPU_STORE_DIR"):
-        return Path(env["PC_CPU_STORE_DIR"]).expanduser()
+    if env.get(variable):
+        return Path(env[variable]).expanduser()
     cache_home = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
-    return Path(cache_home).expanduser() / "pc_cpu" / "store"
+    return Path(cache_home).expanduser() / "pc_cpu" / name
+
+
+def default_store_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Returns where the disk store lives: $PC_CPU_STORE_DIR, else <user cache dir>/pc_cpu/store."""
+    return cache_dir("store", "PC_CPU_STORE_DIR", environ)
 
 
 @dataclass(frozen=True)
