@@ -170,14 +170,16 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
         parse_policy(p)  # a bad policy fails here, before the model loads
     ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
     if summaries:
-        # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
-        items = evaldata.doc_items(evaldata.load_nq(), docs, count or 200, seed=0)
-        answers = rc.with_gold_positions(rc.read_answers(summaries), {i.index: i.gold_index for i in items})
+        answers = rc.read_answers(summaries)
+        if any(a.gold_index < 0 for a in answers):
+            # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
+            items = evaldata.doc_items(evaldata.load_nq(), docs, count or 200, seed=0)
+            answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
         chosen = list(policies) or rc.policies_in(answers)
     else:
         chosen = list(policies) or list(rc.DEFAULT_POLICIES)
         count = (10 if quick else 200) if count is None else count
-        items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:]
+        items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:] if count else []
         sink = open(out, "a", encoding="utf-8") if out else None
         try:
             with PromptCache(model, threads=threads, n_ctx=8192, store=False) as cache, \
