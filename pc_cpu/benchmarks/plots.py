@@ -76,7 +76,8 @@ def plot_pareto(rows: list[dict], ttft: dict, path: str | Path) -> Path | None:
         x = ttft["speedup"][r["policy"]]
         ax.errorbar(x, mean, yerr=[[mean - low], [high - mean]], fmt="o", capsize=3,
                     color="C1" if r["policy"].startswith("select") else "C0")
-        ax.annotate(r["policy"], (x, mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        below = r["policy"].startswith("select")  # select:r sits next to r: label it below, r above
+        ax.annotate(r["policy"], (x, mean), textcoords="offset points", xytext=(5, -12 if below else 4), fontsize=8)
     ax.axhline(0, color="gray", lw=0.8)
     ax.axhspan(-2.5, 2.5, color="green", alpha=0.08, label="within 2.5 points")
     ax.axvline(4, color="gray", ls=":", lw=0.8, label="4× faster")
