@@ -31,6 +31,16 @@ def _ttft(pc, prompt: str, *, use_cache: bool = True):
     return pc.generate(prompt, max_tokens=1, use_cache=use_cache)
 
 
+def _alternating(pc, prompt: str, repeats: int) -> tuple[list[float], list[float]]:
+    """Returns TTFTs (ms) of full prefill and cached runs, alternating, after one untimed cached run."""
+    _ttft(pc, prompt)
+    base, cached = [], []
+    for _ in range(repeats):
+        base.append(_ttft(pc, prompt, use_cache=False).ttft_ms)
+        cached.append(_ttft(pc, prompt).ttft_ms)
+    return base, cached
+
+
 def drop_page_cache(directory: Path) -> None:
     """Asks the OS to forget the store's files, so a disk-tier restore reads the disk (best effort)."""
     for path in directory.rglob("*"):
@@ -102,11 +112,7 @@ def length_sweep(model, threads: int, lengths, *, repeats: int, progress: Progre
         with _open(model, threads, 2 * length + 1024, store=False) as pc:
             w = workloads.multidoc(lambda t: pc.model.tokenize(t, special=False), length)
             pc.load_schema(w.schema)
-            _ttft(pc, w.prompt)
-            base, cached = [], []
-            for _ in range(repeats):
-                base.append(_ttft(pc, w.prompt, use_cache=False).ttft_ms)
-                cached.append(_ttft(pc, w.prompt).ttft_ms)
+            base, cached = _alternating(pc, w.prompt, repeats)
             plan = pc.plan(w.prompt)
             points.append({"cached_tokens": plan.cached_tokens, "uncached_tokens": plan.uncached_tokens,
                            "baseline": stats(base).to_dict(), "cached": stats(cached).to_dict()})
@@ -133,11 +139,7 @@ def hit_ratio_curve(model, threads: int, total_tokens: int, fractions, *, repeat
         for i, fraction in enumerate(fractions):
             w = workloads.hit_ratio(tokenize, total_tokens, fraction, name=f"hit{i}")
             pc.load_schema(w.schema)
-            _ttft(pc, w.prompt)
-            base, cached = [], []
-            for _ in range(repeats):
-                base.append(_ttft(pc, w.prompt, use_cache=False).ttft_ms)
-                cached.append(_ttft(pc, w.prompt).ttft_ms)
+            base, cached = _alternating(pc, w.prompt, repeats)
             plan = pc.plan(w.prompt)
             b, c = stats(base), stats(cached)
             points.append({"fraction_target": fraction, "cached_tokens": plan.cached_tokens,
