@@ -26,7 +26,7 @@ import numpy as np
 
 from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import _apply_pending_shifts
+from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.probe import PROBE_LAYERS, Probe
 from pc_cpu.errors import PromptCacheError, StateBlobError
 from pc_cpu.pml.layout import ROOT
@@ -64,7 +64,7 @@ class Blender:
     def refresh(self, head: Plan, seq: int, count: int) -> tuple[int, ...]:
         """Recomputes the `count` module cells of `seq` that deviate most; returns their positions."""
         if any(isinstance(op, DecodeTokens) for op in head.ops):
-            _apply_pending_shifts(self.ctx, self.scratch)  # cached K must be rotated to its final place
+            apply_pending_shifts(self.ctx, self.scratch)  # cached K must be rotated to its final place
         try:
             cached = state_blob.layer_kv(self.ctx.state_get(seq), PROBE_LAYERS - 1)
             full = self.probe.kv(head)

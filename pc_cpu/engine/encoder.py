@@ -55,7 +55,7 @@ def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: in
     later run is moved forward to its layout position with seq_add. Only scratch
     holds those cells at that point, so moving them moves nobody else's. The move
     re-rotates K lazily, at the next llama_decode; seq_cp shares cells rather than
-    copying them, so the library gets the move too, and `_apply_pending_shifts`
+    copying them, so the library gets the move too, and `apply_pending_shifts`
     forces it before this returns (state blobs read later must hold rotated K).
     """
     ctx.seq_rm(scratch)
@@ -73,10 +73,10 @@ def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: in
     finally:
         ctx.seq_rm(scratch)
     if moved:
-        _apply_pending_shifts(ctx, scratch)
+        apply_pending_shifts(ctx, scratch)
 
 
-def _apply_pending_shifts(ctx: Context, scratch: int) -> None:
+def apply_pending_shifts(ctx: Context, scratch: int) -> None:
     """Makes llama.cpp re-rotate K of every moved cell now, by decoding one throwaway token.
 
     llama.cpp applies seq_add's K-shift at the start of the next llama_decode and

@@ -18,7 +18,7 @@ import numpy as np
 
 from pc_cpu.engine.assembler import assemble
 from pc_cpu.engine.context import Context, ContextConfig
-from pc_cpu.engine.encoder import _apply_pending_shifts
+from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.model import Model
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
@@ -114,7 +114,7 @@ class Probe:
                     for op in plan.ops)
         try:
             assemble(self.ctx, Plan(plan.schema, ops, plan.modules), _PROBE_SEQ, lambda key: None)
-            _apply_pending_shifts(self.ctx, _SHIFT_SEQ)
+            apply_pending_shifts(self.ctx, _SHIFT_SEQ)
             blob = self.ctx.state_get(_PROBE_SEQ)
         finally:
             self.ctx.seq_rm(_PROBE_SEQ)
