@@ -142,7 +142,10 @@ def peers(model, threads, quick, as_json):
 @json_option
 @click.option("--n", "count", type=click.IntRange(0), default=None,
               help="Questions (default 200, quick 10; 0: only the TTFT run).")
-@click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="Passages per question.")
+@click.option("--task", type=click.Choice(["nq", "kv"]), default="nq", show_default=True,
+              help="NaturalQuestions with --docs passages, or key-value retrieval with --docs pairs.")
+@click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True,
+              help="Modules per item, one passage (nq) or one key-value pair (kv) each.")
 @click.option("--policy", "policies", multiple=True,
               help="Recompute policy to measure (repeatable; default: a sweep from 0 to all, see --help-policies).")
 @click.option("--start", type=click.IntRange(0), default=0, help="Skip the first START questions (resume a run).")
@@ -155,14 +158,14 @@ def peers(model, threads, quick, as_json):
 @click.option("--ttft-json", type=click.Path(dir_okay=False), default=None,
               help="With --summary: a TTFT result saved by an earlier run's --json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
-def recompute(model, threads, quick, as_json, count, docs, policies, start, out, plain, ttft_tokens, summaries,
+def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
               ttft_json, plot):
-    """Recompute policies: exact match and agreement vs the full prefill (NQ, paired), and TTFT at long prompts.
+    """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
     """
     from pc_cpu import PromptCache
-    from pc_cpu.benchmarks import evaldata, recompute as rc
+    from pc_cpu.benchmarks import accuracy as acc, evaldata, recompute as rc
     from pc_cpu.benchmarks.plots import plot_pareto
     from pc_cpu.pml.recompute import parse_policy
 
@@ -171,7 +174,7 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
     ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
     if summaries:
         answers = rc.read_answers(summaries)
-        if any(a.gold_index < 0 for a in answers):
+        if task == "nq" and any(a.gold_index < 0 for a in answers):
             # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
             items = evaldata.doc_items(evaldata.load_nq(), docs, count or 200, seed=0)
             answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
@@ -179,12 +182,17 @@ def recompute(model, threads, quick, as_json, count, docs, policies, start, out,
     else:
         chosen = list(policies) or list(rc.DEFAULT_POLICIES)
         count = (10 if quick else 200) if count is None else count
-        items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:] if count else []
+        if task == "kv":
+            spec, max_tokens = acc.kv_task(docs, 1, chat=not plain), KV_MAX_TOKENS
+            items = evaldata.kv_items(evaldata.load_kv(), docs, count)[start:] if count else []
+        else:
+            spec, max_tokens = acc.nq_task(docs, chat=not plain), 24
+            items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:] if count else []
         sink = open(out, "a", encoding="utf-8") if out else None
         try:
             with PromptCache(model, threads=threads, n_ctx=8192, store=False) as cache, \
                     _bar(len(items), "recompute", as_json) as progress:
-                answers = list(rc.run(cache, items, chosen, chat=not plain, max_tokens=24, out=sink,
+                answers = list(rc.run(cache, items, chosen, task=spec, max_tokens=max_tokens, out=sink,
                                       progress=progress))
                 if ttft_tokens:
                     ttft = rc.ttft_by_policy(cache, chosen, target_tokens=ttft_tokens, repeats=1 if quick else 3)

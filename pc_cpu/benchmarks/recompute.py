@@ -1,12 +1,14 @@
 """Sweep of recompute policies: exact match, agreement and TTFT against the full prefill, paired.
 
-Every question is answered once by a full prefill (the baseline) and once per
-policy from the same encoded modules (NaturalQuestions, N passages, one module
-each, preamble encoding), so each difference is paired on identical tokens.
+Every item is answered once by a full prefill (the baseline) and once per
+policy from the same encoded modules (NaturalQuestions with N passages, or
+key-value retrieval with N pairs; one module each, preamble encoding), so each
+difference is paired on identical tokens.
 The TTFT that matters for a policy is at long prompts, so `ttft_by_policy`
 measures it apart, on ~4,000 cached tokens of documents.
 
     pc-cpu bench recompute --n 200 --docs 5 [--policy 0 --policy 20% ...] --out answers.jsonl
+    pc-cpu bench recompute --task kv --docs 5 --n 200 --out kv.jsonl
     pc-cpu bench recompute --summary answers.jsonl [more.jsonl] [--ttft ttft.json] [--plot pareto.png]
 """
 
@@ -16,7 +18,8 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, replace
 
-from pc_cpu.benchmarks import prompts, workloads
+from pc_cpu.benchmarks import workloads
+from pc_cpu.benchmarks.accuracy import Task
 from pc_cpu.benchmarks.timing import stats
 from pc_cpu.benchmarks.intervals import paired_difference, wilson
 from pc_cpu.benchmarks.scoring import best_subspan_em
@@ -39,23 +42,24 @@ class Answer:
     gold_index: int = -1  # where the gold passage is (-1: not recorded, in files of older runs)
 
 
-def answer_item(cache, item, policies, *, n_docs: int, chat: bool, max_tokens: int) -> list[Answer]:
-    """Returns the baseline's and every policy's answer to one question, from one encoding of its passages."""
+def answer_item(cache, item, policies, *, task: Task, max_tokens: int) -> list[Answer]:
+    """Returns the baseline's and every policy's answer to one item, from one encoding of its modules."""
     name = f"rq{item.index}"
-    schema = prompts.qa_schema(name, item, "modular", chat=chat)
-    prompt = prompts.qa_prompt(name, item, "modular", chat=chat)
+    schema = task.schema(name, item, "modular", ())
+    prompt = task.prompt(name, item, "modular")
+    answers = task.answers(item)
     cache.load_schema(schema)
     try:
         base = cache.generate(prompt, max_tokens=max_tokens, use_cache=False)
         module_tokens = _module_tokens(cache.plan(prompt))
-        out = [Answer(item.index, "baseline", best_subspan_em(base.text, item.answers), True, base.ttft_ms, 1.0,
+        out = [Answer(item.index, "baseline", best_subspan_em(base.text, answers), True, base.ttft_ms, 1.0,
                       item.gold_index)]
         for policy in policies:
             plan = cache.plan(prompt, recompute=policy)
             result = cache.generate(prompt, max_tokens=max_tokens, recompute=policy)
             # Shared module cells the plan computes again, plus those the engine picks (select:).
             share = (1 - (_module_tokens(plan) - plan.selected_tokens) / module_tokens) if module_tokens else 0.0
-            out.append(Answer(item.index, policy, best_subspan_em(result.text, item.answers),
+            out.append(Answer(item.index, policy, best_subspan_em(result.text, answers),
                               result.token_ids == base.token_ids, result.ttft_ms, share, item.gold_index))
     finally:
         cache.unload_schema(name)
@@ -188,10 +192,10 @@ def ttft_markdown(ttft: dict) -> str:
     return "\n".join(lines)
 
 
-def run(cache, items, policies, *, chat: bool, max_tokens: int, out=None, progress=None):
+def run(cache, items, policies, *, task: Task, max_tokens: int, out=None, progress=None):
     """Yields the answers of every item (see answer_item); appends each as a JSON line to `out` when given."""
     for item in items:
-        got = answer_item(cache, item, policies, n_docs=len(item.passages), chat=chat, max_tokens=max_tokens)
+        got = answer_item(cache, item, policies, task=task, max_tokens=max_tokens)
         if out is not None:
             out.writelines(json.dumps(asdict(a)) + "\n" for a in got)
             out.flush()

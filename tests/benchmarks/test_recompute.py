@@ -95,3 +95,19 @@ def test_positions_table_counts_exact_matches_per_gold_position():
     answers[1] = replace(answers[1], gold_index=1)  # a recorded position is kept as it is
     table = by_position_markdown(answers, ["0"])
     assert "| 1 | 1 | 1 | 0 |" in table and "| 2 | 2 | 1 | 1 |" in table
+
+
+def test_kv_items_are_swept_with_every_policy_paired_on_one_encoding(make_cache):
+    from pc_cpu.benchmarks.accuracy import kv_task
+    from pc_cpu.benchmarks.evaldata import KVItem
+    from pc_cpu.benchmarks.recompute import run
+
+    pairs = tuple((f"key-{k}", f"value-{k}") for k in range(3))
+    items = [KVItem(i, pairs, f"key-{i}", f"value-{i}", i) for i in range(2)]
+    cache = make_cache(store=False)
+    answers = list(run(cache, items, ["0", "all"], task=kv_task(3, 1), max_tokens=3))
+    assert [(a.index, a.policy) for a in answers] == [(i, p) for i in (0, 1) for p in ("baseline", "0", "all")]
+    share = {a.policy: a.recomputed_share for a in answers}
+    assert share == {"baseline": 1.0, "0": 0.0, "all": 1.0}
+    assert [a.gold_index for a in answers if a.policy == "baseline"] == [0, 1]
+    assert not cache.schema_names  # every item's schema unloaded
