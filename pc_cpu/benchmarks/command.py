@@ -6,6 +6,7 @@ Add to pc_cpu/cli.py:  from pc_cpu.benchmarks.command import bench; cli.add_comm
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _bar(length: int, label: str, quiet: bool):
     if quiet:
         yield lambda n: None
         return
-    with click.progressbar(length=length, label=label, file=click.get_text_stream("stderr")) as bar:
+    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
         yield bar.update
 
 

@@ -16,6 +16,9 @@ module cells in and before computing the prompt's own text:
 
 Chosen tokens see the cached (not yet refreshed) cells of other runs before
 them within one batch; a later batch sees the earlier batches' fresh cells.
+"select:R@module" makes one batch per module, in position order, so every
+chosen token sees the fresh cells of the modules before its own, as the head
+and tail policies do.
 """
 
 from __future__ import annotations
@@ -56,13 +59,17 @@ class Blender:
         assemble(self.ctx, head, seq, library_of)
         self.last_selected = ()
         if plan.selected_tokens and cut:
-            self.last_selected = self.refresh(head, seq, plan.selected_tokens)
+            self.last_selected = self.refresh(head, seq, plan.selected_tokens, by_module=plan.select_by_module)
         last = len(plan.ops) - 1
         for i in range(cut, len(plan.ops)):
             decode_at(self.ctx, seq, plan.ops[i], want_logits=i == last)
 
-    def refresh(self, head: Plan, seq: int, count: int) -> tuple[int, ...]:
-        """Recomputes the `count` module cells of `seq` that deviate most; returns their positions."""
+    def refresh(self, head: Plan, seq: int, count: int, *, by_module: bool = False) -> tuple[int, ...]:
+        """Recomputes the `count` module cells of `seq` that deviate most; returns their positions.
+
+        by_module: refresh one module's cells at a time, in position order, so each module's
+        chosen tokens attend to the fresh cells of the modules before it.
+        """
         if any(isinstance(op, DecodeTokens) for op in head.ops):
             apply_pending_shifts(self.ctx, self.scratch)  # cached K must be rotated to its final place
         try:
@@ -78,7 +85,9 @@ class Blender:
         present = set(cached[0].tolist())
         runs = [r for r in contiguous_runs(chosen.tolist()) if r[0] == 0 or r[0] - 1 in present]
         token_at = {p: t for p, t in zip(head.positions, head.tokens)}
-        recompute_runs(self.ctx, seq, runs, token_at, self.spare_seqs())
+        spare = self.spare_seqs()
+        for group in (runs_by_module(runs, head) if by_module else [runs]):
+            recompute_runs(self.ctx, seq, group, token_at, spare)
         return tuple(p for a, b in runs for p in range(a, b))
 
 
@@ -107,6 +116,17 @@ def contiguous_runs(positions: list[int]) -> list[Run]:
         else:
             runs.append((p, p + 1))
     return runs
+
+
+def runs_by_module(runs: list[Run], plan: Plan) -> list[list[Run]]:
+    """Returns the runs cut at the plan's shared module stretches, one list per stretch holding any, in order."""
+    groups = []
+    for op in plan.ops:
+        if isinstance(op, CopyCells) and op.module != ROOT:
+            group = [(max(a, op.start), min(b, op.end)) for a, b in runs if a < op.end and b > op.start]
+            if group:
+                groups.append(group)
+    return groups
 
 
 def batches(runs: list[Run], seqs: int, n_batch: int) -> list[list[Run]]:

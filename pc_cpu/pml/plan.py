@@ -70,6 +70,7 @@ class Plan:
     ops: tuple[Op, ...]  # strictly increasing positions
     modules: tuple[str, ...]  # imported modules (ROOT first), in position order
     select: float = 0.0  # share of module tokens the engine recomputes by K/V deviation (recompute "select:")
+    select_by_module: bool = False  # the engine refreshes them module by module ("select:…@module")
 
     @property
     def encodings(self) -> frozenset[str]:
@@ -132,7 +133,7 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
         _append(ops, DecodeTokens(end, tuple(text), "prompt text"))
     ops = _ensure_last_is_decoded(ops)
     modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
-    return Plan(layout.schema, tuple(ops), modules, recompute.select)
+    return Plan(layout.schema, tuple(ops), modules, recompute.select, recompute.select_by_module)
 
 
 def _resolve_imports(layout: Layout, imports: tuple[Import, ...]) -> dict[str, dict[str, str]]:

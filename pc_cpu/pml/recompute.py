@@ -18,6 +18,9 @@ Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's
     "select:15%"       the 15% of all imported module tokens whose layer-1 K/V deviate most from a
                        full prefill's (CacheBlend-style; the engine picks them, pc_cpu.engine.blend);
                        combines with the forms above, e.g. "tail:8,select:10%"
+    "select:15%@module" the same tokens, refreshed module by module in position order, so the chosen
+                       tokens of each module see the fresh cells of the modules before it (more,
+                       smaller decodes); plain select: refreshes them all in as few batches as fit
     "relevant:1"       every cached token of the 1 imported module that shares the most (and rarest)
                        tokens with the prompt's own text: the passage the question is about sees the
                        rest of the prompt, as in a full prefill
@@ -41,6 +44,7 @@ class RecomputePolicy:
     fraction: float = 0.0  # of each module's cached tokens, split by HEAD_SHARE
     select: float = 0.0  # of all imported module tokens, chosen by K/V deviation at assembly
     relevant: int = 0  # modules recomputed whole: the ones most like the prompt's own text
+    select_by_module: bool = False  # refresh the selected tokens one module at a time, in position order
 
     def split(self, n: int) -> tuple[int, int]:
         """Returns (head, tail) token counts to recompute in a module of `n` cached tokens."""
@@ -58,7 +62,7 @@ class RecomputePolicy:
     def __str__(self) -> str:
         parts = [f"head:{self.head}"] * bool(self.head) + [f"tail:{self.tail}"] * bool(self.tail)
         parts += [f"{self.fraction:.0%}"] * bool(self.fraction)
-        parts += [f"select:{self.select:.0%}"] * bool(self.select)
+        parts += [f"select:{self.select:.0%}" + "@module" * self.select_by_module] * bool(self.select)
         parts += [f"relevant:{self.relevant}"] * bool(self.relevant)
         return ",".join(parts) or "0"
 
@@ -77,6 +81,7 @@ def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolic
     head = tail = 0
     fraction = select = 0.0
     relevant = 0
+    by_module = False
     for part in (p.strip().lower() for p in str(text).split(",")):
         if part in ("0", "none", ""):
             continue
@@ -85,14 +90,16 @@ def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolic
         elif part.startswith("relevant:"):
             relevant = _count(part[len("relevant:"):], text)
         elif part.startswith("select:"):
-            select = _fraction_text(part[len("select:"):], text)
+            value = part[len("select:"):]
+            by_module = value.endswith("@module")
+            select = _fraction_text(value.removesuffix("@module"), text)
         elif part.startswith(("head:", "tail:")):
             name, _, value = part.partition(":")
             count = _count(value, text)
             head, tail = (count, tail) if name == "head" else (head, count)
         else:
             fraction = _fraction_text(part, text)
-    return RecomputePolicy(head, tail, fraction, select, relevant)
+    return RecomputePolicy(head, tail, fraction, select, relevant, by_module)
 
 
 def _fraction_text(part: str, text) -> float:
@@ -111,7 +118,7 @@ def _number(value: str, text) -> float:
         return float(value)
     except ValueError:
         raise PromptCacheError(f"recompute {text!r} is not a policy; use 0, head:K, tail:K, head:K,tail:K, "
-                               "a fraction such as 10% or 0.1, select:10%, relevant:1, or all") from None
+                               "a fraction such as 10% or 0.1, select:10%, select:10%@module, relevant:1, or all") from None
 
 
 def _count(value: str, text) -> int:

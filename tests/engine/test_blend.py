@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pc_cpu.cache import PROMPT_SEQ
-from pc_cpu.engine.blend import batches, contiguous_runs, deviation
+from pc_cpu.engine.blend import batches, contiguous_runs, deviation, runs_by_module
 from pc_cpu.engine.probe import PROBE_LAYERS, Probe
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.store import state_blob
@@ -31,6 +31,16 @@ def test_batches_respect_sequence_and_size_limits(positions, seqs, n_batch):
     packed = batches(contiguous_runs(sorted(positions)), seqs, n_batch)
     assert [p for batch in packed for a, b in batch for p in range(a, b)] == sorted(positions)
     assert all(len(batch) <= seqs and sum(b - a for a, b in batch) <= n_batch for batch in packed)
+
+
+def test_runs_are_cut_at_module_boundaries_in_position_order():
+    from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
+
+    ops = (CopyCells("#root", 0, (1, 2)), CopyCells("a", 2, (3,) * 4), CopyCells("b", 6, (4,) * 4),
+           DecodeTokens(10, (5,), "text"))
+    plan = Plan("s", ops, ("#root", "a", "b"))
+    assert runs_by_module([(3, 4), (5, 8), (9, 10)], plan) == [[(3, 4), (5, 6)], [(6, 8), (9, 10)]]
+    assert runs_by_module([(6, 7)], plan) == [[(6, 7)]]  # a module with nothing chosen has no batch
 
 
 def test_deviation_is_the_squared_k_and_v_distance_by_position():
@@ -87,6 +97,28 @@ def test_selecting_everything_gives_the_full_prefill_answer(make_cache):
     got = cache.generate(GAP_FREE, max_tokens=8, recompute="select:100%")
     assert len(cache._scheduler.blender.last_selected) == plan.selected_tokens
     assert got.token_ids == fresh.generate(GAP_FREE, max_tokens=8, use_cache=False).token_ids
+
+
+def test_selecting_everything_module_by_module_gives_the_full_prefill_answer(make_cache):
+    cache, fresh = make_cache(), make_cache()
+    cache.load_schema(DOCS)
+    fresh.load_schema(DOCS)
+    got = cache.generate(GAP_FREE, max_tokens=8, recompute="select:100%@module")
+    assert got.token_ids == fresh.generate(GAP_FREE, max_tokens=8, use_cache=False).token_ids
+
+
+def test_module_by_module_refresh_recomputes_the_same_cells(make_cache):
+    cache = make_cache()
+    cache.load_schema(DOCS)
+    chosen = {}
+    for policy in ("select:40%", "select:40%@module"):
+        plan = cache.plan(GAP_FREE, recompute=policy)
+        cache.prefill(plan, use_cache=True)
+        found = cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, probe=cache.ctx.n_seq_max - 1)
+        cache.ctx.seq_rm(PROMPT_SEQ)
+        assert found == list(plan.positions)  # every cell in place, none doubled
+        chosen[policy] = cache._scheduler.blender.last_selected
+    assert chosen["select:40%"] == chosen["select:40%@module"] and chosen["select:40%"]
 
 
 def test_selection_recomputes_the_most_deviating_cells_in_place(make_cache):

@@ -26,12 +26,14 @@ PROMPT = '<prompt schema="r"><a/><b/> Why?</prompt>'
     ("0.25", RecomputePolicy(fraction=0.25)), (0.5, RecomputePolicy(fraction=0.5)),
     ("all", RecomputePolicy(fraction=1.0)), ("select:15%", RecomputePolicy(select=0.15)),
     ("tail:8,select:0.1", RecomputePolicy(tail=8, select=0.1)), ("relevant:1", RecomputePolicy(relevant=1)),
+    ("select:15%@module", RecomputePolicy(select=0.15, select_by_module=True)),
 ])
 def test_policies_parse(text, policy):
     assert parse_policy(text) == policy
 
 
-@pytest.mark.parametrize("text", ["head:x", "tail:-1", "150%", "sometimes", "1.5", "select:x", "select:150%", "relevant:one"])
+@pytest.mark.parametrize("text", ["head:x", "tail:-1", "150%", "sometimes", "1.5", "select:x", "select:150%", "relevant:one",
+                                  "select:@module", "select:10%@mod"])
 def test_bad_policies_name_the_valid_forms(text):
     with pytest.raises(PromptCacheError, match="recompute"):
         parse_policy(text)
