@@ -262,10 +262,6 @@ class PromptCache:
     def _ensure_blender(self) -> Blender:
         """Returns the selector of `select:` recomputation, loading the probe model on first use."""
         if self._scheduler.blender is None:
-            if self.model.info.n_swa:
-                raise PromptCacheError(
-                    f"recompute 'select:…' is not supported on {self.model.path.name}: its sliding-window KV "
-                    "cache keeps layers in two caches the probe cannot compare; use head:K, tail:K or a fraction")
             probe = Probe(self.model, n_ctx=self.ctx.n_ctx, threads=self.ctx.threads,
                           flash_attn=self.ctx.config.flash_attn)
             self._scheduler.blender = Blender(self.ctx, probe, self._resident.idle_seqs, self.scratch_seq)

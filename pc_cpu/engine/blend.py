@@ -30,11 +30,10 @@ import numpy as np
 from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
-from pc_cpu.engine.probe import PROBE_LAYERS, Probe
+from pc_cpu.engine.probe import Probe, layer_values
 from pc_cpu.errors import PromptCacheError, StateBlobError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
-from pc_cpu.store import state_blob
 
 Run = tuple[int, int]  # positions [start, end)
 
@@ -73,8 +72,8 @@ class Blender:
         if any(isinstance(op, DecodeTokens) for op in head.ops):
             apply_pending_shifts(self.ctx, self.scratch)  # cached K must be rotated to its final place
         try:
-            cached = state_blob.layer_kv(self.ctx.state_get(seq), PROBE_LAYERS - 1)
             full = self.probe.kv(head)
+            cached = layer_values(self.ctx, seq, self.probe.layer, self.scratch)
         except StateBlobError as exc:
             raise PromptCacheError(f"recompute 'select:…' cannot read this model's KV cache ({exc}); "
                                    "use head:K, tail:K or a fraction instead") from None

@@ -6,6 +6,13 @@ computed. Those differences already show in the first layers, so the probe runs
 the prompt through a copy of the model cut down to its first PROBE_LAYERS blocks
 (a GGUF written once with the `gguf` package and kept in a cache directory):
 about PROBE_LAYERS / n_layer of a full prefill's work.
+
+Sliding-window models (Gemma 3) keep two KV caches, full-attention layers and
+sliding-window ones, each listing its layers in model order. The probe's first
+layers are the model's first layers, so the probe's last layer of a cache is the
+same model layer as the cached state's layer at that index of that cache.
+llama.cpp saves only the cells inside a sequence's window from a sliding-window
+cache, so `layer_values` reads such a cache one window at a time.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class Probe:
         path = (model.path if model.info.n_layer <= PROBE_LAYERS
                 else truncated_model(model, PROBE_LAYERS, directory or probe_dir()))
         self.model = Model(path)
+        self.layer = (0, PROBE_LAYERS - 1)  # (KV cache, index in it) of the layer kv() returns
         try:
             self.ctx = Context(self.model, ContextConfig(n_ctx=n_ctx, n_seq_max=2, threads=threads,
                                                          flash_attn=flash_attn))
@@ -108,14 +116,39 @@ class Probe:
         """Returns (positions, K, V) of the probe's last layer after a full prefill of `plan`'s tokens.
 
         The tokens go where the plan puts them (gaps included), so K is comparable
-        with the cached cells position by position.
+        with the cached cells position by position. `self.layer` says where that
+        layer is in a state blob of the full model.
         """
         ops = tuple(DecodeTokens(op.start, op.tokens, f"module {op.module}") if isinstance(op, CopyCells) else op
                     for op in plan.ops)
         try:
             assemble(self.ctx, Plan(plan.schema, ops, plan.modules), _PROBE_SEQ, lambda key: None)
             apply_pending_shifts(self.ctx, _SHIFT_SEQ)
-            blob = self.ctx.state_get(_PROBE_SEQ)
+            counts = state_blob.section_layers(self.ctx.state_get(_PROBE_SEQ))
+            section = max(i for i, n in enumerate(counts) if n)  # any cache with probe layers does
+            self.layer = (section, counts[section] - 1)
+            return layer_values(self.ctx, _PROBE_SEQ, self.layer, _SHIFT_SEQ)
         finally:
             self.ctx.seq_rm(_PROBE_SEQ)
-        return state_blob.layer_kv(blob, PROBE_LAYERS - 1)
+
+
+def layer_values(ctx: Context, seq: int, layer: tuple[int, int], scratch: int) -> tuple[np.ndarray, ...]:
+    """Returns (positions, K, V) of every cell of `seq` at `layer` = (KV cache, index in it).
+
+    A sliding-window model's state leaves out the cells more than a window behind
+    the sequence's end, so each window of cells is shared into the empty `scratch`
+    sequence and read there.
+    """
+    section, index = layer
+    window = ctx.model.info.n_swa
+    if not window:
+        return state_blob.layer_kv(ctx.state_get(seq), index, section=section)
+    first, end = ctx.seq_pos_min(seq), ctx.seq_pos_max(seq) + 1
+    parts = []
+    for stop in range(end, first, -window):
+        try:
+            ctx.seq_cp(seq, scratch, max(first, stop - window), stop)
+            parts.append(state_blob.layer_kv(ctx.state_get(scratch), index, section=section))
+        finally:
+            ctx.seq_rm(scratch)
+    return tuple(np.concatenate(column) for column in zip(*parts))

@@ -313,22 +313,30 @@ def scan(blob: BlobLike) -> StateBlobInfo:
         k_row_size=k0.row_size if k0 else 0, v_row_size=v0.row_size if v0 else 0)
 
 
-def layer_kv(blob: BlobLike, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Returns (positions, K, V) of one layer of a one-cache blob: float32 arrays, one row per cell.
+def section_layers(blob: BlobLike) -> tuple[int, ...]:
+    """Returns how many layers each KV cache (section) of the blob holds, in blob order.
+
+    One section for most models; two for sliding-window (iswa) models: the
+    full-attention layers, then the sliding-window ones, each in model order.
+    """
+    return tuple(sec.n_layer for sec in _layout_parse(blob).sections)
+
+
+def layer_kv(blob: BlobLike, layer: int, *, section: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Returns (positions, K, V) of the `layer`-th layer of KV cache `section`: float32 arrays, one row per cell.
 
     For reading values (recompute selection), not part of the byte surface the C library mirrors.
 
     Raises:
-        StateBlobError: the blob has several caches (sliding-window models), the layer does not
-            exist, or K/V are quantized (only F32 and F16 caches can be read).
+        StateBlobError: the section or layer does not exist, or K/V are quantized (only F32 and
+            F16 caches can be read).
     """
     lay = _layout_parse(blob)
-    if len(lay.sections) != 1:
-        raise _error("unsupported", f"state blob unsupported: {len(lay.sections)} KV caches (a sliding-window "
-                     "model); reading layer values needs a model with one cache")
-    sec = lay.sections[0]
+    if not 0 <= section < len(lay.sections):
+        raise _error("argument", f"KV cache {section} is not in a blob of {len(lay.sections)}")
+    sec = lay.sections[section]
     if not 0 <= layer < sec.n_layer:
-        raise _error("argument", f"layer {layer} is not in a blob of {sec.n_layer} layers")
+        raise _error("argument", f"layer {layer} is not in a KV cache of {sec.n_layer} layers")
     k = _rows(lay.buf, sec.k[layer], sec.n_cell, transposed=False)
     v = _rows(lay.buf, sec.v[layer], sec.n_cell, transposed=bool(sec.v_trans))
     return sec.positions.copy(), k, v

@@ -30,8 +30,9 @@ def test_gemma_answers_from_modules_beyond_its_sliding_window_and_from_disk(tmp_
         assert first.layout("g").modules["light"].start > first.model.info.n_swa  # outside the window
         cached = first.generate(PROMPT, max_tokens=16)
         baseline = first.generate(PROMPT, max_tokens=16, use_cache=False)
-        with pytest.raises(PromptCacheError, match="sliding-window"):  # refused before anything runs
-            first.generate(PROMPT, max_tokens=16, recompute="select:10%")
+        # Selection reads layer 1 from the sliding-window cache of the state and of the probe.
+        assert first.generate(PROMPT, max_tokens=16, recompute="select:100%").token_ids == baseline.token_ids
+        assert "1987" in first.generate(PROMPT, max_tokens=16, recompute="select:20%@module").text
         assert "1987" in first.generate(PROMPT, max_tokens=16, recompute="tail:8").text
     assert "1987" in cached.text and "1987" in baseline.text
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=tmp_path) as second:
@@ -42,3 +43,25 @@ def test_gemma_answers_from_modules_beyond_its_sliding_window_and_from_disk(tmp_
     # attention that rounds differently (measured: logits differ by up to 0.8 here, 1.2 on SmolLM2),
     # enough to flip this prompt's near-tied first token. So: a right answer, not identical tokens.
     assert "1987" in restored.text
+
+
+def test_layer_values_read_every_cell_through_the_sliding_window():
+    import numpy as np
+
+    from pc_cpu import PromptCache
+    from pc_cpu.cache import PROMPT_SEQ
+    from pc_cpu.engine.probe import layer_values
+    from pc_cpu.store import state_blob
+
+    with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
+        cache.load_schema(SCHEMA)
+        plan = cache.plan(PROMPT)
+        cache.prefill(plan, use_cache=False)
+        saved = state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), 1, section=1)
+        pos, k, v = layer_values(cache.ctx, PROMPT_SEQ, (1, 1), cache.scratch_seq)
+        cache.ctx.seq_rm(PROMPT_SEQ)
+    assert len(saved[0]) <= cache.model.info.n_swa < plan.end  # the state alone leaves the older cells out
+    assert sorted(pos.tolist()) == list(range(plan.end))
+    rows = {p: i for i, p in enumerate(pos.tolist())}
+    idx = [rows[p] for p in saved[0].tolist()]
+    assert np.array_equal(k[idx], saved[1]) and np.array_equal(v[idx], saved[2])
