@@ -69,7 +69,8 @@ def cli() -> None:
 @click.option("--no-cache", is_flag=True, help="Baseline: full prefill of the same tokens.")
 @click.option("--encoding", type=click.Choice(["preamble", "independent"]), default="preamble", show_default=True)
 @click.option("--recompute", default=None, help="Cached module tokens to compute again: tail:32, head:8,tail:32, "
-              "10%, select:10% (the most deviating 10%), all (default: none, as in the paper).")
+              "10%, select:10% (the most deviating 10%), select:10%@module, relevant:1, all "
+              "(default: none, as in the paper).")
 @ctx_option
 @threads_option
 @store_option

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from pc_cpu.benchmarks.recompute import DEFAULT_POLICIES
+
 model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
                             help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=2, show_default=True)
@@ -148,7 +150,8 @@ def peers(model, threads, quick, as_json):
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True,
               help="Modules per item, one passage (nq) or one key-value pair (kv) each.")
 @click.option("--policy", "policies", multiple=True,
-              help="Recompute policy to measure (repeatable; default: a sweep from 0 to all, see --help-policies).")
+              help=f"Recompute policy to measure (repeatable; default: {' '.join(DEFAULT_POLICIES)}; "
+                   "forms: pc-cpu run --help).")
 @click.option("--start", type=click.IntRange(0), default=0, help="Skip the first START questions (resume a run).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Append every answer as a JSON line here.")
 @click.option("--plain", is_flag=True, help="Plain-text prompts without chat roles (base models, e.g. Gemma 3 270M).")
