@@ -79,6 +79,12 @@ class Blender:
                                    "use head:K, tail:K or a fraction instead") from None
         candidates = np.array([p for op in head.ops if isinstance(op, CopyCells) and op.module != ROOT
                                for p in range(op.start, op.end)], dtype=np.int64)
+        missing = np.setdiff1d(candidates, cached[0])
+        if missing.size:
+            # Known bug: llama.cpp reuses sliding-window cells more than a window behind a library's end.
+            raise PromptCacheError(
+                f"recompute 'select:…': {missing.size} cached cells from position {int(missing[0])} are gone from "
+                "this model's sliding-window cache (llama.cpp dropped them); use recompute 0 on this schema")
         scores = deviation(cached, full, candidates)
         chosen = np.sort(candidates[np.argsort(-scores, kind="stable")[:count]])
         present = set(cached[0].tolist())
