@@ -34,10 +34,13 @@ def check_window(ctx: Context, seq: int, op: DecodeTokens) -> None:
     (params, recomputed tokens) can, and would silently differ from a full prefill.
     """
     window = ctx.model.info.n_swa
-    if window and ctx.seq_pos_min(seq) > max(0, op.start - window):
+    if not window:
+        return
+    lowest = ctx.seq_pos_min(seq)  # of the sliding-window cache, for a model that has one
+    if lowest > max(0, op.start - window):
         raise PromptCacheError(
             f"{op.what} at position {op.start}: llama.cpp has dropped this schema's sliding-window cells before "
-            f"position {ctx.seq_pos_min(seq)} (a known pc_cpu bug on sliding-window models); use recompute 0, "
+            f"position {lowest} (a known pc_cpu bug on sliding-window models); use recompute 0, "
             "and keep params within the last window of a long schema")
 
 

@@ -100,7 +100,8 @@ class Probe:
         path = (model.path if model.info.n_layer <= PROBE_LAYERS
                 else truncated_model(model, PROBE_LAYERS, directory or probe_dir()))
         self.model = Model(path)
-        self.layer = (0, PROBE_LAYERS - 1)  # (KV cache, index in it) of the layer kv() returns
+        # (KV cache, index in it) of the layer kv() returns; fixed by the model, found by the first kv().
+        self.layer: tuple[int, int] | None = None
         try:
             self.ctx = Context(self.model, ContextConfig(n_ctx=n_ctx, n_seq_max=2, threads=threads,
                                                          flash_attn=flash_attn))
@@ -124,9 +125,10 @@ class Probe:
         try:
             assemble(self.ctx, Plan(plan.schema, ops, plan.modules), _PROBE_SEQ, lambda key: None)
             apply_pending_shifts(self.ctx, _SHIFT_SEQ)
-            counts = state_blob.section_layers(self.ctx.state_get(_PROBE_SEQ))
-            section = max(i for i, n in enumerate(counts) if n)  # any cache with probe layers does
-            self.layer = (section, counts[section] - 1)
+            if self.layer is None:
+                counts = state_blob.section_layers(self.ctx.state_get(_PROBE_SEQ))
+                section = max(i for i, n in enumerate(counts) if n)  # any cache with probe layers does
+                self.layer = (section, counts[section] - 1)
             return layer_values(self.ctx, _PROBE_SEQ, self.layer, _SHIFT_SEQ)
         finally:
             self.ctx.seq_rm(_PROBE_SEQ)
