@@ -7,8 +7,9 @@
 
 Sequence ids of the context: prompt slots 0..parallel-1 (one per prompt being
 answered; pc_cpu.engine.scheduler batches them), then the scratch sequence where
-modules are computed, then library sequences that keep encoded modules resident
-(pc_cpu.store.resident).
+modules are computed, then the pin (it holds every resident cell as well, so
+llama.cpp never reuses one: pc_cpu.engine.encoder.pin_cells), then library
+sequences that keep encoded modules resident (pc_cpu.store.resident).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Iterator, Sequence
 
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context, ContextConfig
-from pc_cpu.engine.encoder import drop_module
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
@@ -75,9 +75,9 @@ class PromptCache:
             verbose: show llama.cpp's own log.
         """
         self.encoding = check_mode(encoding)
-        if not 1 <= parallel <= n_seq_max - 2:
-            raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-2 ({n_seq_max - 2}); "
-                                   "one sequence is the scratch and at least one holds modules")
+        if not 1 <= parallel <= n_seq_max - 3:
+            raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-3 ({n_seq_max - 3}); "
+                                   "two sequences are the scratch and the pin, and at least one holds modules")
         self.model = Model(resolve_model_path(model), verbose=verbose)
         n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
         config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
@@ -89,11 +89,11 @@ class PromptCache:
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
         self._schemas: dict[str, LoadedSchema] = {}
-        # Sequence ids: prompt slots 0..parallel-1, then the scratch, then library sequences.
+        # Sequence ids: prompt slots 0..parallel-1, then the scratch, the pin, and library sequences.
         self.scratch_seq = parallel
-        self._resident = ResidentTier(list(range(parallel + 1, n_seq_max)))
+        self._resident = ResidentTier(list(range(parallel + 2, n_seq_max)))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
-        self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq,
+        self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
                                    mode=self.encoding)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.modules, list(range(parallel)), self._lock)
@@ -143,8 +143,7 @@ class PromptCache:
         """Drops a schema and frees its modules' cells."""
         with self._lock:
             self._loaded(name)
-            for key in self._resident.keys(name):
-                drop_module(self.ctx, self._resident, key)
+            self.modules.evict(name)
             del self._schemas[name]
 
     def evict(self, schema: str | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.errors import EngineError, PromptCacheError
+from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 
 
@@ -20,28 +20,7 @@ def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int
         if isinstance(op, CopyCells):
             ctx.seq_cp(library_of(op.encoding), seq, op.start, op.end)
         else:
-            check_window(ctx, seq, op)
             decode_at(ctx, seq, op, want_logits=i == last)
-
-
-def check_window(ctx: Context, seq: int, op: DecodeTokens) -> None:
-    """Raises when the sliding-window cells that op's tokens attend to are gone from `seq`.
-
-    Known bug: llama.cpp reuses the sliding-window cells of a library sequence that lie
-    more than a window behind its end, and purges that sequence's earlier positions,
-    so a prompt can share in a module whose first cells are missing from those layers.
-    Tokens after the whole schema never look that far back; tokens decoded inside it
-    (params, recomputed tokens) can, and would silently differ from a full prefill.
-    """
-    window = ctx.model.info.n_swa
-    if not window:
-        return
-    lowest = ctx.seq_pos_min(seq)  # of the sliding-window cache, for a model that has one
-    if lowest > max(0, op.start - window):
-        raise PromptCacheError(
-            f"{op.what} at position {op.start}: llama.cpp has dropped this schema's sliding-window cells before "
-            f"position {lowest} (a known pc_cpu bug on sliding-window models); use recompute 0, "
-            "and keep params within the last window of a long schema")
 
 
 def decode_at(ctx: Context, seq: int, op: DecodeTokens, *, want_logits: bool) -> None:

@@ -31,7 +31,7 @@ from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.probe import Probe, layer_values
-from pc_cpu.errors import PromptCacheError, StateBlobError
+from pc_cpu.errors import EngineError, PromptCacheError, StateBlobError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 
@@ -80,11 +80,9 @@ class Blender:
         candidates = np.array([p for op in head.ops if isinstance(op, CopyCells) and op.module != ROOT
                                for p in range(op.start, op.end)], dtype=np.int64)
         missing = np.setdiff1d(candidates, cached[0])
-        if missing.size:
-            # Known bug: llama.cpp reuses sliding-window cells more than a window behind a library's end.
-            raise PromptCacheError(
-                f"recompute 'select:…': {missing.size} cached cells from position {int(missing[0])} are gone from "
-                "this model's sliding-window cache (llama.cpp dropped them); use recompute 0 on this schema")
+        if missing.size:  # the pin (encoder.pin_cells) keeps them; scores of absent cells would be garbage
+            raise EngineError(f"recompute 'select:…': {missing.size} cached cells from position {int(missing[0])} "
+                              "are missing from the KV cache; please report this")
         scores = deviation(cached, full, candidates)
         chosen = np.sort(candidates[np.argsort(-scores, kind="stable")[:count]])
         present = set(cached[0].tolist())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -97,11 +97,13 @@ class Context:
     # --- decoding -----------------------------------------------------------
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int] | int,
-               *, logits_last: bool = True) -> None:
+               *, logits_last: bool = True, after_chunk: Callable[[int, int], None] | None = None) -> None:
         """Computes `tokens` at `positions` in sequence(s) `seqs`, in chunks of n_batch.
 
         After it returns, `logits()` gives the last token's logits when logits_last is set.
         Per sequence, positions must continue from its last cell (llama.cpp's rule).
+        after_chunk(lo, hi) runs once tokens[lo:hi] are in the cache, before the next chunk
+        is decoded (the encoder pins their cells there; see pc_cpu.engine.encoder).
         """
         seq_list = self._checked(tokens, positions, seqs)
         n = len(tokens)
@@ -109,6 +111,8 @@ class Context:
             hi = min(n, lo + self.n_batch)
             self._decode_chunk(tokens[lo:hi], positions[lo:hi], seq_list[lo:hi], "last" if logits_last and hi == n
                                else "none")
+            if after_chunk is not None:
+                after_chunk(lo, hi)
 
     def decode_each(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int]) -> None:
         """Computes one batch (at most n_batch tokens) with an output per token: `logits(i)` is token i's.

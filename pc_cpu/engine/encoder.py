@@ -10,59 +10,94 @@ from pc_cpu.pml.layout import Layout
 from pc_cpu.store.resident import ResidentTier
 
 
-def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scratch: int, library: int,
+def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scratch: int, library: int, pin: int,
                   library_of: Callable[[str], int | None]) -> None:
-    """Computes `module`'s cells at its layout positions and shares them into `library`.
+    """Computes `module`'s cells at its layout positions and shares them into `library` and `pin`.
 
     Each run is decoded in the empty `scratch` sequence after its context: shared
     from resident modules when it lies right before the run, else computed there
     too (an empty sequence accepts any first position). Only the run's cells are
-    then shared into the library sequence, and emptying the scratch frees the rest.
+    kept, a batch at a time as they are computed (see `pin_cells`); emptying the
+    scratch frees the rest.
     """
     for job in encode_jobs(layout, module, mode):
         ctx.seq_rm(scratch)
+
+        def keep(a: int, b: int) -> None:
+            ctx.seq_cp(scratch, library, a, b)
+            ctx.seq_cp(scratch, pin, a, b)
+
         try:
             _decode_after_context(ctx, scratch, job.shared_context, job.context, job.run.tokens, job.run.start,
-                                  library_of)
-            ctx.seq_cp(scratch, library, job.run.start, job.run.end)
+                                  library_of, keep)
         finally:
             ctx.seq_rm(scratch)
 
 
+def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: int) -> None:
+    """Makes the pin sequence hold exactly the resident encodings' cells in positions [start, end).
+
+    Why a pin: llama.cpp's sliding-window cache counts a cell held by a single
+    sequence as free once it lies a window behind that sequence's end, and reusing
+    it purges the sequence's earlier positions (llama_kv_cache::find_slot,
+    apply_ubatch). A library's cells are read by prompts at any position, so each
+    is also held by the pin, which is never decoded into: a cell held by two
+    sequences is never reused. Cells being computed are pinned batch by batch
+    (Context.decode's after_chunk), since a long run would otherwise reuse its own
+    first cells. The pin may hold several cells at one position (union members).
+    """
+    ctx.seq_rm(pin, start, end)
+    for seq, a, b in resident.held_within(start, end):
+        ctx.seq_cp(seq, pin, a, b)
+
+
 def _decode_after_context(ctx: Context, scratch: int, shared_context, context: tuple[int, ...],
-                          tokens: tuple[int, ...], start: int, library_of: Callable[[str], int | None]) -> None:
+                          tokens: tuple[int, ...], start: int, library_of: Callable[[str], int | None],
+                          keep: Callable[[int, int], None]) -> None:
     """Computes `tokens` at [start, ...) in the empty `scratch` sequence, after their context.
 
     The context's cells are shared from resident encodings when `shared_context` names
     them all; otherwise the context tokens are computed right before `start`.
+    keep(a, b) receives the positions of the tokens' cells a batch at a time, as soon
+    as they are computed.
     """
     sources = [(library_of(m), a, b) for m, a, b in shared_context]
     if sources and all(seq is not None for seq, _, _ in sources):
         for seq, a, b in sources:
             ctx.seq_cp(seq, scratch, a, b)
-        ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False)
+        ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False,
+                   after_chunk=lambda lo, hi: keep(start + lo, start + hi))
     else:
         first = start - len(context)
-        ctx.decode(context + tokens, range(first, start + len(tokens)), scratch, logits_last=False)
+
+        def keep_tokens(lo: int, hi: int) -> None:  # chunk indices count the context first
+            if hi > len(context):
+                keep(max(first + lo, start), first + hi)
+
+        ctx.decode(context + tokens, range(first, start + len(tokens)), scratch, logits_last=False,
+                   after_chunk=keep_tokens)
 
 
-def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int,
+def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int, pin: int,
                     library_of: Callable[[str], int | None]) -> None:
     """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
 
     The runs are decoded back to back in the empty `scratch` sequence after the
-    first member's context (llama.cpp needs consecutive positions), then each
-    later run is moved forward to its layout position with seq_add. Only scratch
-    holds those cells at that point, so moving them moves nobody else's. The move
-    re-rotates K lazily, at the next llama_decode; seq_cp shares cells rather than
-    copying them, so the library gets the move too, and `apply_pending_shifts`
+    first member's context (llama.cpp needs consecutive positions), pinned as they
+    are computed, then each later run is moved forward to its layout position with
+    seq_add. Only scratch and the pin hold those cells at that point, and a cell has
+    one position, so the pin's hold moves with them and nobody else's cells move. The
+    move re-rotates K lazily, at the next llama_decode; seq_cp shares cells rather
+    than copying them, so the library gets the move too, and `apply_pending_shifts`
     forces it before this returns (state blobs read later must hold rotated K).
+    If this raises, the pin may hold cells anywhere in the scaffold's span: the
+    caller re-pins that span (`pin_cells`).
     """
     ctx.seq_rm(scratch)
     moved = False
     try:
         _decode_after_context(ctx, scratch, job.shared_context, job.context, job.tokens, job.runs[0].start,
-                              library_of)
+                              library_of, lambda a, b: ctx.seq_cp(scratch, pin, a, b))
         # Last run first: each moves forward onto positions no run still to move occupies.
         for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
             if run.start != computed:
@@ -89,19 +124,12 @@ def apply_pending_shifts(ctx: Context, scratch: int) -> None:
         ctx.seq_rm(scratch)
 
 
-def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int,
+def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int, pin: int,
                library_of: Callable[[str], int | None]) -> None:
-    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` at its layout positions."""
+    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions."""
     if key.startswith(SCAFFOLD_PREFIX):
         job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
         if job is not None:
-            encode_scaffold(ctx, job, scratch=scratch, library=library, library_of=library_of)
+            encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of)
     else:
-        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, library_of=library_of)
-
-
-def drop_module(ctx: Context, resident: ResidentTier, key) -> None:
-    """Frees a resident module's cells and forgets it."""
-    seq, intervals = resident.remove(key)
-    for start, end in intervals:
-        ctx.seq_rm(seq, start, end)
+        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of)

@@ -18,11 +18,11 @@ from dataclasses import replace
 from typing import Iterable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import drop_module, encode_key
+from pc_cpu.engine.encoder import encode_key, pin_cells
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError, StoreError
 from pc_cpu.pml.encoding import encoding_keys, encoding_runs, scratch_cells
 from pc_cpu.pml.layout import Layout, Run
-from pc_cpu.store import native, state_blob
+from pc_cpu.store import native, parts, state_blob
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey, schema_hash
 from pc_cpu.store.resident import ResidentTier
@@ -37,12 +37,13 @@ TIER_ENCODED = "encoded"
 class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
-    def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int,
+    def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
                  mode: str):
         self.ctx = ctx
         self.resident = resident
         self.store = store
         self.scratch = scratch
+        self.pin = pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
@@ -78,16 +79,17 @@ class ModuleCache:
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
             if hit is not None:
-                if self._restore(hit.entry, runs, library):
+                refusal = self._restore(hit.entry, runs, library)
+                if refusal is None:
                     return hit.tier
-                log.warning("stored state of %s cannot be restored into this context (saved with other "
-                            "settings, e.g. flash attention on/off); re-encoding it", store_key.describe())
+                log.warning("stored state of %s cannot be restored into this context: %s; re-encoding it",
+                            store_key.describe(), refusal)
                 self.store.remove(store_key)
-            encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library,
+            encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
                        library_of=lambda other: self.resident.get((layout.schema, other)))
             self.encoded += 1
         except Exception:
-            drop_module(self.ctx, self.resident, resident_key)
+            self._drop(resident_key)
             raise
         self._save(store_key, library, runs)
         return TIER_ENCODED
@@ -99,8 +101,16 @@ class ModuleCache:
         """
         before = self.resident.cells
         for key in self.resident.keys(schema):
-            drop_module(self.ctx, self.resident, key)
+            self._drop(key)
         return before - self.resident.cells
+
+    def _drop(self, key) -> None:
+        """Frees a resident encoding's cells (its library's and the pin's) and forgets it."""
+        seq, intervals = self.resident.remove(key)
+        for start, end in intervals:
+            self.ctx.seq_rm(seq, start, end)
+        if intervals:  # the whole span: a failed scaffold may have pinned cells between its runs
+            pin_cells(self.ctx, self.pin, self.resident, intervals[0][0], intervals[-1][1])
 
     def _lookup(self, layout: Layout, key: str, store_key: StoreKey) -> Hit | None:
         """Returns the stored entry of `key`; a union member brings its siblings into RAM with it.
@@ -124,7 +134,7 @@ class ModuleCache:
             if self.ctx.n_ctx - self.resident.cells >= cells:
                 return
             if victim not in keep:
-                drop_module(self.ctx, self.resident, victim)
+                self._drop(victim)
         if self.ctx.n_ctx - self.resident.cells < cells:
             raise ContextOverflowError(
                 f"this prompt needs {cells} free KV cells beside its modules, but only "
@@ -137,36 +147,65 @@ class ModuleCache:
         """Writes the encoding's state bytes through to every byte tier (best effort, logged)."""
         if self.store is None or not runs:
             return
-        try:
-            for run in runs:
-                self.ctx.seq_cp(library, self.scratch, run.start, run.end)
-            payload = self.ctx.state_get(self.scratch)
-        finally:
-            self.ctx.seq_rm(self.scratch)
-        entry = Entry(payload, sum(len(r.tokens) for r in runs), (runs[0].start, runs[-1].end))
+        blobs = [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]
+        entry = Entry(parts.pack(blobs), sum(len(r.tokens) for r in runs), (runs[0].start, runs[-1].end))
         for tier in self.store.tiers:
             try:
                 tier.put(store_key, entry)  # what a tier evicts is already in the tiers below
             except StoreError as exc:
                 log.warning("%s: not stored in %s: %s", store_key.describe(), tier.name, exc)
 
-    def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int) -> bool:
-        """Loads `entry`'s cells into `library`; returns False when they are not the cells `runs` need."""
-        expected = sum(len(r.tokens) for r in runs)
+    def _save_spans(self, runs: tuple[Run, ...]) -> list[tuple[int, int]]:
+        """Returns the position spans to save one blob each: the whole encoding, or window-sized pieces.
+
+        llama.cpp leaves out of a state the sliding-window cells more than a window
+        behind the sequence's end. Half-window pieces aligned to multiples of their
+        size stay whole under every window kind it has (standard, chunked, symmetric).
+        """
+        start, end = runs[0].start, runs[-1].end
+        window = self.ctx.model.info.n_swa
+        if not window or end - start <= window // 2:
+            return [(start, end)]
+        step = max(1, window // 2)
+        spans = [(max(a, start), min(a + step, end)) for a in range(start - start % step, end, step)]
+        return [(a, b) for a, b in spans if any(run.start < b and a < run.end for run in runs)]
+
+    def _state_of(self, library: int, runs: tuple[Run, ...], start: int, end: int) -> bytes:
+        """Returns the state bytes of the encoding's cells in positions [start, end)."""
         try:
-            info = self._blobs.scan(entry.payload)  # refuses malformed bytes before llama.cpp sees them
-        except StateBlobError as exc:
-            log.warning("stored state is malformed (%s)", exc)
-            return False
-        if (info.n_cell, info.pos_min, info.pos_max + 1) != (expected, runs[0].start, runs[-1].end):
-            return False
-        try:
-            self.ctx.state_set(self.scratch, entry.payload)
             for run in runs:
-                self.ctx.seq_cp(self.scratch, library, run.start, run.end)
-        except EngineError as exc:
-            log.warning("llama.cpp refused a stored state (%s)", exc)
-            return False
+                if run.start < end and start < run.end:
+                    self.ctx.seq_cp(library, self.scratch, max(run.start, start), min(run.end, end))
+            return self.ctx.state_get(self.scratch)
         finally:
             self.ctx.seq_rm(self.scratch)
-        return True
+
+    def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int) -> str | None:
+        """Loads `entry`'s cells into `library` (and the pin); returns why not when they are not the cells `runs` need."""
+        expected = sum(len(r.tokens) for r in runs)
+        try:
+            blobs = parts.unpack(entry.payload)
+            infos = [self._blobs.scan(blob) for blob in blobs]  # refuses malformed bytes before llama.cpp sees them
+            if any(info.n_section > 1 and len(set(state_blob.section_cells(blob))) > 1
+                   for blob, info in zip(blobs, infos)):
+                return "it lacks sliding-window cells (saved whole by an older pc_cpu)"
+        except StateBlobError as exc:
+            return f"it is malformed ({exc})"
+        found = (sum(i.n_cell for i in infos), min(i.pos_min for i in infos), max(i.pos_max for i in infos) + 1)
+        if found != (expected, runs[0].start, runs[-1].end):
+            return (f"it holds {found[0]} cells at [{found[1]}, {found[2]}), the encoding needs {expected} at "
+                    f"[{runs[0].start}, {runs[-1].end})")
+        try:
+            for blob, info in zip(blobs, infos):
+                self.ctx.state_set(self.scratch, blob)
+                self.ctx.seq_cp(self.scratch, library, info.pos_min, info.pos_max + 1)
+                self.ctx.seq_cp(self.scratch, self.pin, info.pos_min, info.pos_max + 1)
+                self.ctx.seq_rm(self.scratch)
+        except EngineError as exc:
+            for run in runs:  # the parts restored before the refusal
+                self.ctx.seq_rm(library, run.start, run.end)
+            pin_cells(self.ctx, self.pin, self.resident, runs[0].start, runs[-1].end)
+            return f"llama.cpp refused it ({exc}; saved with other settings, e.g. flash attention on/off?)"
+        finally:
+            self.ctx.seq_rm(self.scratch)
+        return None

@@ -80,6 +80,11 @@ class ResidentTier:
         self.cells -= sum(b - a for a, b in intervals)
         return library.seq, intervals
 
+    def held_within(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """Returns (sequence, start, end) of every resident interval overlapping [start, end), clipped to it."""
+        return [(library.seq, max(a, start), min(b, end)) for library in self._libraries
+                for held in library.intervals.values() for a, b in held if a < end and start < b]
+
     def idle_seqs(self) -> list[int]:
         """Returns the library sequences that hold no module (free for scratch work until the next put)."""
         return [library.seq for library in self._libraries if not library.intervals]

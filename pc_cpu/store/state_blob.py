@@ -322,6 +322,15 @@ def section_layers(blob: BlobLike) -> tuple[int, ...]:
     return tuple(sec.n_layer for sec in _layout_parse(blob).sections)
 
 
+def section_cells(blob: BlobLike) -> tuple[int, ...]:
+    """Returns how many cells each KV cache (section) of the blob holds, in blob order.
+
+    A sliding-window section holds fewer than the full-attention one when llama.cpp
+    left out cells a window behind the sequence's end.
+    """
+    return tuple(sec.n_cell for sec in _layout_parse(blob).sections)
+
+
 def layer_kv(blob: BlobLike, layer: int, *, section: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Returns (positions, K, V) of the `layer`-th layer of KV cache `section`: float32 arrays, one row per cell.
 

@@ -97,7 +97,7 @@ def test_too_long_argument_is_an_error_before_any_work(make_cache):
 
 def test_sequence_budget_is_a_clear_error(make_cache):
     members = "".join(f'<module name="m{i}">member {i}</module>' for i in range(6))
-    cache = make_cache(n_seq_max=5, parallel=1)  # 1 prompt slot + scratch: 3 library sequences
+    cache = make_cache(n_seq_max=5, parallel=1)  # 1 prompt slot, scratch and pin: 2 library sequences
     with pytest.raises(SequenceBudgetError, match="raise n_seq_max"):
         cache.load_schema(f'<schema name="u"><union>{members}</union></schema>')
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pc_cpu.errors import PromptCacheError
@@ -67,32 +68,105 @@ def test_layer_values_read_every_cell_through_the_sliding_window():
     assert np.array_equal(k[idx], saved[1]) and np.array_equal(v[idx], saved[2])
 
 
-LAMPS = "".join(f'<module name="d{k}">' + " ".join(f"Lamp {k}-{j} was painted red in {1900 + j}." for j in range(12))
-                + "</module>" for k in range(5))
+def lamps(k: int) -> str:
+    return " ".join(f"Lamp {k}-{j} was painted red in {1900 + j}." for j in range(12))
+
+
+LAMPS = "".join(f'<module name="d{k}">{lamps(k)}</module>' for k in range(5))
 MANY = f'<schema name="lamps">Answer from the documents.\n\n{LAMPS}</schema>'
+# The keeper's name goes in at the end of the first module: its tokens attend to d0's cells, which
+# lie more than a window behind the end of the library that holds the whole schema.
+KEEPER = MANY.replace('<module name="d0">' + lamps(0), '<module name="d0">' + lamps(0) + ' The keeper was <param name="who" len="6"/>.')
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: llama.cpp reuses the sliding-window cells of a library sequence "
-                   "more than a window behind its end, so tokens decoded inside the schema (params, recompute) on "
-                   "Gemma 3 can miss earlier cells in their sliding-window layers; see bench/RESULTS.md, Gemma")
-def test_library_cells_survive_encoding_in_the_sliding_window_cache():
+def gemma(**kwargs):
     from pc_cpu import PromptCache
 
-    with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
+    return PromptCache(GEMMA, threads=2, n_ctx=4096, **{"store": False, **kwargs})
+
+
+def all_cells(cache, seq: int) -> list[int]:
+    """Returns the positions of `seq`'s cells in the first sliding-window layer, read window by window."""
+    from pc_cpu.engine.probe import layer_values
+
+    return sorted(layer_values(cache.ctx, seq, (1, 0), cache.scratch_seq)[0].tolist())
+
+
+def test_library_cells_survive_encoding_in_the_sliding_window_cache():
+    # llama.cpp reuses a sliding-window cell held by one sequence once it is a window behind that
+    # sequence's end, and purges the earlier positions; the pin sequence keeps every library cell shared.
+    with gemma() as cache:
         cache.load_schema(MANY)
         library = cache.modules.resident.get(("lamps", "d0"))
-        assert cache.ctx.seq_pos_max(library) >= cache.model.info.n_swa  # the library spans more than a window
-        assert cache.ctx.seq_pos_min(library) == 0  # its first cells are still there for sliding-window layers
+        assert cache.ctx.seq_pos_max(library) > cache.model.info.n_swa  # the library spans more than a window
+        assert all_cells(cache, library) == list(range(cache.layout("lamps").length))
 
 
-def test_tokens_decoded_inside_a_schema_refuse_when_their_window_lost_cells():
-    from pc_cpu import PromptCache
+def test_a_param_far_behind_the_end_of_its_schema_gives_the_full_prefill_tokens():
+    prompt = '<prompt schema="lamps"><d0 who="Ada Byron"/>\nWho was the keeper?</prompt>'
+    with gemma() as cache, gemma() as fresh:
+        cache.load_schema(KEEPER)
+        fresh.load_schema(KEEPER, encode=False)
+        layout = cache.layout("lamps")
+        assert layout.length - layout.modules["d0"].end > cache.model.info.n_swa
+        cached = cache.generate(prompt, max_tokens=8)
+        baseline = fresh.generate(prompt, max_tokens=8, use_cache=False)
+    assert cached.token_ids == baseline.token_ids
 
+
+def test_every_recompute_policy_runs_inside_a_long_schema():
     prompt = '<prompt schema="lamps"><d0/><d1/><d2/><d3/><d4/>\nWhich lamp was painted in 1905?</prompt>'
-    with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
+    with gemma() as cache, gemma() as fresh:
         cache.load_schema(MANY)
-        assert cache.generate(prompt, max_tokens=4).token_ids  # the prompt's own text: its window is intact
-        # The known bug strikes on this schema (see the xfail test above): the library lost its first cells.
-        assert cache.ctx.seq_pos_min(cache.modules.resident.get(("lamps", "d0"))) > 0
-        with pytest.raises(PromptCacheError, match="sliding-window cells"):  # head tokens of d1 would miss them
-            cache.generate(prompt, max_tokens=4, recompute="10%")
+        fresh.load_schema(MANY, encode=False)
+        baseline = fresh.generate(prompt, max_tokens=6, use_cache=False)
+        assert cache.generate(prompt, max_tokens=6, recompute="select:100%").token_ids == baseline.token_ids
+        for policy in ("10%", "head:8", "select:10%", "select:10%@module"):
+            assert len(cache.generate(prompt, max_tokens=6, recompute=policy).token_ids) == 6
+
+
+LONG = ('<schema name="long">Answer from the document.\n<module name="doc">'
+        + " ".join(lamps(k) for k in range(8)) + "</module></schema>")
+
+
+def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(tmp_path):
+    from pc_cpu.engine.probe import layer_values
+    from pc_cpu.store import parts
+
+    with gemma(store=tmp_path) as first:
+        first.load_schema(LONG)
+        module = first.layout("long").modules["doc"]
+        assert module.end - module.start > first.model.info.n_swa
+        library = first.modules.resident.get(("long", "doc"))
+        encoded = layer_values(first.ctx, library, (1, 0), first.scratch_seq)
+        (entry,) = [first.store.tiers[0].get(key) for key in first.store.tiers[0].keys() if key.module == "doc"]
+        assert len(parts.unpack(entry.payload)) > 2
+    with gemma(store=tmp_path) as second:
+        second.load_schema(LONG)
+        assert second.modules.encoded == 0
+        library = second.modules.resident.get(("long", "doc"))
+        restored = layer_values(second.ctx, library, (1, 0), second.scratch_seq)
+    assert sorted(restored[0].tolist()) == list(range(module.end))  # the preamble's cells and every one of doc's
+    order = [np.argsort(column[0]) for column in (encoded, restored)]
+    for e, r in zip(encoded, restored):
+        assert np.array_equal(e[order[0]], r[order[1]])  # positions, K and V of every cell
+
+
+def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, caplog):
+    from pc_cpu.store.entry import Entry
+
+    with gemma(store=tmp_path) as first:
+        first.load_schema(LONG)
+        module = first.layout("long").modules["doc"]
+        library = first.modules.resident.get(("long", "doc"))
+        first.ctx.seq_cp(library, first.scratch_seq, module.start, module.end)
+        whole = first.ctx.state_get(first.scratch_seq)  # how pc_cpu saved it before: llama.cpp drops old cells
+        first.ctx.seq_rm(first.scratch_seq)
+        for tier in first.store.tiers:
+            for key in [k for k in tier.keys() if k.module == "doc"]:
+                old = tier.get(key)
+                tier.put(key, Entry(whole, old.n_tokens, old.positions))
+    with gemma(store=tmp_path) as second:
+        second.load_schema(LONG)
+        assert second.modules.encoded == 1
+    assert "lacks sliding-window cells" in caplog.text

@@ -128,3 +128,27 @@ def test_evict_frees_the_context_and_the_next_prompt_restores_from_ram(make_cach
     assert cache.evict("t") > 0 and cache.resident_cells == 0
     result = cache.generate(prompt("a"), max_tokens=6)
     assert result.tiers == {"#root": "ram", "a": "ram"} and result.token_ids == expected
+
+
+def pinned_cells(cache) -> int:
+    """Returns how many cells the pin sequence holds (every resident cell, and nothing else)."""
+    from pc_cpu.store import state_blob
+
+    if cache.ctx.seq_pos_max(cache.modules.pin) < 0:
+        return 0
+    return state_blob.scan(cache.ctx.state_get(cache.modules.pin)).n_cell
+
+
+def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_cache):
+    # Every resident cell is shared with the pin so that llama.cpp's sliding-window cache never reuses
+    # it; dropping an encoding must release only its own cells, even where another holds the same positions.
+    other = SCHEMA.replace('name="t"', 'name="u"').replace("Read this.", "Read that.")
+    cache = make_cache()
+    cache.load_schema(SCHEMA)
+    cache.load_schema(other)  # the same positions again, in other library sequences
+    assert pinned_cells(cache) == cache.resident_cells > 0
+    cache.evict("u")
+    assert pinned_cells(cache) == cache.resident_cells > 0
+    assert cache.generate(prompt("c"), max_tokens=4, recompute="tail:4").token_ids
+    cache.unload_schema("t")
+    assert cache.resident_cells == pinned_cells(cache) == 0

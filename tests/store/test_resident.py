@@ -117,3 +117,15 @@ def test_module_without_cells_fits_anywhere():
 
     assert tier.put(("s", "parent"), ()) == 4
     assert tier.cells == 10
+
+
+def test_held_within_clips_every_resident_interval_that_overlaps_the_span():
+    tier = ResidentTier([4, 5])
+    tier.put(("trip", "root"), ((0, 10), (20, 25)))
+    tier.put(("trip", "paris"), ((10, 13),))
+    tier.put(("trip", "tokyo"), ((10, 11),))
+
+    assert sorted(tier.held_within(8, 21)) == [(4, 8, 10), (4, 10, 13), (4, 20, 21), (5, 10, 11)]
+    assert tier.held_within(13, 20) == []
+    tier.remove(("trip", "paris"))
+    assert sorted(tier.held_within(8, 21)) == [(4, 8, 10), (4, 20, 21), (5, 10, 11)]
