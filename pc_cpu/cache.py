@@ -65,8 +65,8 @@ class PromptCache:
             model: a GGUF path; None uses $PC_CPU_MODEL or the installed default (SmolLM2-135M).
             n_ctx: KV cells for schemas and prompts together; None: the model's training context, at most 8192.
             threads: CPU threads; None uses every core.
-            n_seq_max: sequence ids (up to 256): prompt slots, a scratch, and libraries of modules
-                (union members each need their own library sequence).
+            n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
+                modules (union members each need their own library sequence).
             parallel: prompts generating at once (batched together); more wait their turn.
             encoding: "preamble" (modules see the schema text before them) or "independent".
             flash_attn: None lets llama.cpp choose.
