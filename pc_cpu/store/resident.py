@@ -50,9 +50,13 @@ class ResidentTier:
         """Returns the resident keys, least recently used (put or touched) first."""
         return list(self._where)
 
+    def intervals(self, key: ModuleKey) -> tuple[Interval, ...]:
+        """Returns the positions `key` holds cells at."""
+        return self._where[key].intervals[key]
+
     def cells_of(self, key: ModuleKey) -> int:
         """Returns the KV cells `key` holds."""
-        return sum(b - a for a, b in self._where[key].intervals[key])
+        return sum(b - a for a, b in self.intervals(key))
 
     def put(self, key: ModuleKey, intervals: tuple[Interval, ...]) -> int:
         """Returns the library sequence chosen for a module occupying `intervals` (first fit).

@@ -208,3 +208,19 @@ def test_scaffold_member_with_params_needs_explicit_imports(make_cache):
                       '</module></scaffold></schema>', encode=False)
     with pytest.raises(PromptError, match="needs arguments for d; import the modules one by one"):
         cache.plan('<prompt schema="q"><sc/></prompt>')
+
+
+def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
+    # The runs are pinned as they are computed and then moved: the pin must follow them, and
+    # must not keep a cell at a position where a run was only computed.
+    from pc_cpu.store import state_blob
+
+    cache = make_cache()
+    cache.load_schema(GAPPED)
+    layout = cache.layout("g")
+    resident = cache.modules.resident
+    held = sorted(p for key in resident.keys("g") for a, b in resident.intervals(key) for p in range(a, b))
+    pinned = state_blob._layout_parse(cache.ctx.state_get(cache.modules.pin)).sections[0].positions
+    scaffold = resident.intervals(("g", scaffold_key("both")))
+    assert len(scaffold) == 2 and scaffold[0][1] < scaffold[1][0] < layout.length  # a gap: b's run was moved
+    assert sorted(pinned.tolist()) == held  # members and scaffold alike, so some positions twice
