@@ -219,6 +219,22 @@ class Context:
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
         return ctypes.string_at(buf, written)  # one copy (slicing a ctypes array would build a list of ints)
 
+    def whole_state_spans(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Returns [start, end) cut into spans whose cells a state of one sequence holds whole.
+
+        llama_state_seq_get_data leaves out the sliding-window cells that are masked
+        for the sequence's last position; half-window spans aligned to multiples of
+        their size are never masked under any window kind llama.cpp has (standard,
+        chunked, symmetric). A model without a window gets one span.
+        """
+        if start >= end:
+            return []
+        window = self.model.info.n_swa
+        if not window:
+            return [(start, end)]
+        step = max(1, window // 2)
+        return [(max(a, start), min(a + step, end)) for a in range(start - start % step, end, step)]
+
     def state_set(self, seq: int, data: bytes) -> None:
         """Replaces `seq`'s cells with a blob from state_get (the sequence is cleared first)."""
         self.check_seq(seq)

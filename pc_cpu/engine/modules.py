@@ -156,18 +156,8 @@ class ModuleCache:
                 log.warning("%s: not stored in %s: %s", store_key.describe(), tier.name, exc)
 
     def _save_spans(self, runs: tuple[Run, ...]) -> list[tuple[int, int]]:
-        """Returns the position spans to save one blob each: the whole encoding, or window-sized pieces.
-
-        llama.cpp leaves out of a state the sliding-window cells more than a window
-        behind the sequence's end. Half-window pieces aligned to multiples of their
-        size stay whole under every window kind it has (standard, chunked, symmetric).
-        """
-        start, end = runs[0].start, runs[-1].end
-        window = self.ctx.model.info.n_swa
-        if not window or end - start <= window // 2:
-            return [(start, end)]
-        step = max(1, window // 2)
-        spans = [(max(a, start), min(a + step, end)) for a in range(start - start % step, end, step)]
+        """Returns the position spans to save one blob each, so that every blob holds its cells whole."""
+        spans = self.ctx.whole_state_spans(runs[0].start, runs[-1].end)
         return [(a, b) for a, b in spans if any(run.start < b and a < run.end for run in runs)]
 
     def _state_of(self, library: int, runs: tuple[Run, ...], start: int, end: int) -> bytes:

@@ -12,7 +12,7 @@ sliding-window ones, each listing its layers in model order. The probe's first
 layers are the model's first layers, so the probe's last layer of a cache is the
 same model layer as the cached state's layer at that index of that cache.
 llama.cpp saves only the cells inside a sequence's window from a sliding-window
-cache, so `layer_values` reads such a cache one window at a time.
+cache, so `layer_values` reads a long sequence span by span (Context.whole_state_spans).
 """
 
 from __future__ import annotations
@@ -138,18 +138,17 @@ def layer_values(ctx: Context, seq: int, layer: tuple[int, int], scratch: int) -
     """Returns (positions, K, V) of every cell of `seq` at `layer` = (KV cache, index in it).
 
     A sliding-window model's state leaves out the cells more than a window behind
-    the sequence's end, so each window of cells is shared into the empty `scratch`
-    sequence and read there.
+    the sequence's end, so a long sequence is read span by span
+    (Context.whole_state_spans), each shared into the empty `scratch` sequence.
     """
     section, index = layer
-    window = ctx.model.info.n_swa
-    if not window:
+    spans = ctx.whole_state_spans(ctx.seq_pos_min(seq), ctx.seq_pos_max(seq) + 1)
+    if len(spans) <= 1:
         return state_blob.layer_kv(ctx.state_get(seq), index, section=section)
-    first, end = ctx.seq_pos_min(seq), ctx.seq_pos_max(seq) + 1
     parts = []
-    for stop in range(end, first, -window):
+    for start, end in spans:
         try:
-            ctx.seq_cp(seq, scratch, max(first, stop - window), stop)
+            ctx.seq_cp(seq, scratch, start, end)
             parts.append(state_blob.layer_kv(ctx.state_get(scratch), index, section=section))
         finally:
             ctx.seq_rm(scratch)
