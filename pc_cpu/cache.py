@@ -68,7 +68,8 @@ class PromptCache:
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
                 modules (union members each need their own library sequence).
             parallel: prompts generating at once (batched together); more wait their turn.
-            encoding: "preamble" (modules see the schema text before them) or "independent".
+            encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
+                (also the cells of the module before them; pc_cpu.pml.encoding).
             flash_attn: None lets llama.cpp choose.
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from pc_cpu.errors import PromptCacheError
+from pc_cpu.pml.encoding import ENCODING_MODES
 
 EXIT_USAGE = 2
 
@@ -67,7 +68,8 @@ def cli() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--no-cache", is_flag=True, help="Baseline: full prefill of the same tokens.")
-@click.option("--encoding", type=click.Choice(["preamble", "independent"]), default="preamble", show_default=True)
+@click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
+              help="How modules are encoded: preamble, independent (the paper's), or chain (see the README).")
 @click.option("--recompute", default=None, help="Cached module tokens to compute again: tail:32, head:8,tail:32, "
               "10%, select:10% (the most deviating 10%), select:10%@module, relevant:1, all "
               "(default: none, as in the paper).")

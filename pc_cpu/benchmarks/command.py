@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from pc_cpu.benchmarks.recompute import DEFAULT_POLICIES
+from pc_cpu.pml.encoding import ENCODING_MODES
 
 model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
                             help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
@@ -162,8 +163,10 @@ def peers(model, threads, quick, as_json):
 @click.option("--ttft-json", type=click.Path(dir_okay=False), default=None,
               help="With --summary: a TTFT result saved by an earlier run's --json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
+@click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble",
+              show_default=True, help="How modules are encoded (pc_cpu.pml.encoding).")
 def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
-              ttft_json, plot):
+              ttft_json, plot, encoding):
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
@@ -194,7 +197,7 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
             items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:] if count else []
         sink = open(out, "a", encoding="utf-8") if out else None
         try:
-            with PromptCache(model, threads=threads, n_ctx=8192, store=False) as cache, \
+            with PromptCache(model, threads=threads, n_ctx=8192, store=False, encoding=encoding) as cache, \
                     _bar(len(items), "recompute", as_json) as progress:
                 answers = list(rc.run(cache, items, chosen, task=spec, max_tokens=max_tokens, out=sink,
                                       progress=progress))

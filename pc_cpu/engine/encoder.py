@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pc_cpu.engine.context import Context
+from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, ScaffoldJob, encode_jobs, scaffold_job
 from pc_cpu.pml.layout import Layout
 from pc_cpu.store.resident import ResidentTier
@@ -29,7 +30,7 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
 
         try:
             _decode_after_context(ctx, scratch, job.shared_context, job.context, job.run.tokens, job.run.start,
-                                  library_of, keep)
+                                  library_of, keep, must_share=job.after is not None)
         finally:
             ctx.seq_rm(scratch)
 
@@ -53,15 +54,20 @@ def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: i
 
 def _decode_after_context(ctx: Context, scratch: int, shared_context, context: tuple[int, ...],
                           tokens: tuple[int, ...], start: int, library_of: Callable[[str], int | None],
-                          keep: Callable[[int, int], None]) -> None:
+                          keep: Callable[[int, int], None], *, must_share: bool = False) -> None:
     """Computes `tokens` at [start, ...) in the empty `scratch` sequence, after their context.
 
     The context's cells are shared from resident encodings when `shared_context` names
-    them all; otherwise the context tokens are computed right before `start`.
-    keep(a, b) receives the positions of the tokens' cells a batch at a time, as soon
-    as they are computed.
+    them all; otherwise the context tokens are computed right before `start`, unless
+    `must_share` (a chain neighbour's cells are not what computing its tokens afresh
+    gives). keep(a, b) receives the positions of the tokens' cells a batch at a time,
+    as soon as they are computed.
     """
     sources = [(library_of(m), a, b) for m, a, b in shared_context]
+    if must_share and any(seq is None for seq, _, _ in sources):
+        missing = sorted({m for (m, _, _), (seq, _, _) in zip(shared_context, sources) if seq is None})
+        raise EngineError(f"encodings {missing} must be resident before the module computed after them "
+                          "(ModuleCache makes them so)")
     if sources and all(seq is not None for seq, _, _ in sources):
         for seq, a, b in sources:
             ctx.seq_cp(seq, scratch, a, b)
@@ -97,7 +103,7 @@ def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: in
     moved = False
     try:
         _decode_after_context(ctx, scratch, job.shared_context, job.context, job.tokens, job.runs[0].start,
-                              library_of, lambda a, b: ctx.seq_cp(scratch, pin, a, b))
+                              library_of, lambda a, b: ctx.seq_cp(scratch, pin, a, b), must_share=job.after is not None)
         # Last run first: each moves forward onto positions no run still to move occupies.
         for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
             if run.start != computed:

@@ -20,7 +20,7 @@ from typing import Iterable
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import encode_key, pin_cells
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError, StoreError
-from pc_cpu.pml.encoding import encoding_keys, encoding_runs, scratch_cells
+from pc_cpu.pml.encoding import encoded_after, encoding_keys, encoding_runs, scratch_cells
 from pc_cpu.pml.layout import Layout, Run
 from pc_cpu.store import native, parts, state_blob
 from pc_cpu.store.entry import Entry
@@ -75,16 +75,24 @@ class ModuleCache:
         cells = sum(len(run.tokens) for run in runs)
         store_key = StoreKey(self.model_id, digest, key, self.mode)
         hit = self._lookup(layout, key, store_key)
-        self._make_room(cells + (0 if hit else scratch_cells(layout, self.mode)), keep)
+        if hit is not None:
+            self._make_room(cells, keep)
+            library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
+            try:
+                refusal = self._restore(hit.entry, runs, library)
+            except Exception:
+                self._drop(resident_key)
+                raise
+            if refusal is None:
+                return hit.tier
+            log.warning("stored state of %s cannot be restored into this context: %s; re-encoding it",
+                        store_key.describe(), refusal)
+            self._drop(resident_key)
+            self.store.remove(store_key)
+        keep = keep | self._make_neighbours_resident(layout, key, digest, keep)
+        self._make_room(cells + scratch_cells(layout, self.mode), keep)
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
-            if hit is not None:
-                refusal = self._restore(hit.entry, runs, library)
-                if refusal is None:
-                    return hit.tier
-                log.warning("stored state of %s cannot be restored into this context: %s; re-encoding it",
-                            store_key.describe(), refusal)
-                self.store.remove(store_key)
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
                        library_of=lambda other: self.resident.get((layout.schema, other)))
             self.encoded += 1
@@ -93,6 +101,28 @@ class ModuleCache:
             raise
         self._save(store_key, library, runs)
         return TIER_ENCODED
+
+    def _make_neighbours_resident(self, layout: Layout, key: str, digest: str, keep: set) -> set:
+        """Makes resident the chain of encodings `key` is computed after (chain mode); returns their keys.
+
+        The chain is followed back to the first neighbour that is resident or stored
+        (a stored state needs no neighbour to restore), then made resident from there on,
+        so each link is computed after its own neighbour, exactly as when the whole
+        schema is loaded in order.
+        """
+        chain: list[str] = []
+        neighbour = encoded_after(layout, key, self.mode)
+        while neighbour is not None and not self.resident.contains((layout.schema, neighbour)):
+            chain.append(neighbour)
+            if self._lookup(layout, neighbour, StoreKey(self.model_id, digest, neighbour, self.mode)):
+                break
+            neighbour = encoded_after(layout, neighbour, self.mode)
+        needed = {(layout.schema, name) for name in chain}
+        if neighbour is not None:
+            needed.add((layout.schema, neighbour))
+        for name in reversed(chain):
+            self._ensure_one(layout, name, digest, keep | needed)
+        return needed
 
     def evict(self, schema: str | None = None) -> int:
         """Frees the context cells of resident encodings (of one schema when given); returns cells freed.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptCacheError, SchemaError
-from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, scaffold_cells,
+from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after, scaffold_cells,
                                  scaffold_jobs, scratch_cells)
 from pc_cpu.pml.layout import ROOT
 from tests.pml.conftest import CHATML_MARKUP, layout_of, words
@@ -112,11 +112,11 @@ def test_invalid_mode_names_the_valid_ones(mode, layout):
     with pytest.raises(PromptCacheError) as info:
         encode_jobs(layout, "a", mode)
 
-    assert str(info.value) == f"encoding mode {mode!r} is unknown; use one of: preamble, independent"
+    assert str(info.value) == f"encoding mode {mode!r} is unknown; use one of: preamble, independent, chain"
 
 
 def test_check_mode_returns_valid_modes():
-    assert [check_mode(m) for m in ENCODING_MODES] == ["preamble", "independent"]
+    assert [check_mode(m) for m in ENCODING_MODES] == ["preamble", "independent", "chain"]
 
 
 # --- scaffolds ----------------------------------------------------------------------------------
@@ -176,3 +176,56 @@ def test_scaffold_holding_a_union_member_is_refused():
 
 def test_scaffolds_without_unions_pass_the_check():
     check_scaffolds(layout_of(SCAFFOLD))
+
+
+# --- chain mode ---------------------------------------------------------------------------------
+
+# Positions with CHATML_MARKUP and BOS:
+#   ROOT preamble [0, 5) | a "A" 5 | b "B B" [6, 8) | union u: x "X" 8, y "Y Y" [8, 10) | c "C" 10
+#   | e "E1" 11, e.n "N" 12, "E2" 13 | f "F" 14 | ROOT "Mid" 15 | d "D" 16
+CHAIN = ('<schema name="s"><system>Sys</system><module name="a">A</module><module name="b">B B</module>'
+         '<union name="u"><module name="x">X</module><module name="y">Y Y</module></union>'
+         '<module name="c">C</module><module name="e">E1 <module name="n">N</module> E2</module>'
+         '<module name="f">F</module>Mid<module name="d">D</module></schema>')
+
+
+@pytest.fixture
+def chain(tok):
+    return layout_of(CHAIN, CHATML_MARKUP, tokenizer=tok)
+
+
+def test_chain_module_is_computed_after_the_preamble_and_its_neighbours_cells(tok, chain):
+    assert jobs(tok, chain, "b", "chain") == [(6, ["B", "B"], PREAMBLE + ["A"], 0, ((ROOT, 0, 5), ("a", 5, 6)))]
+    assert encode_jobs(chain, "b", "chain")[0].after == "a"
+
+
+def test_chain_first_module_is_computed_as_in_preamble_mode(chain):
+    assert encode_jobs(chain, "a", "chain") == encode_jobs(chain, "a", "preamble")
+
+
+def test_chain_union_members_follow_the_module_before_the_union(chain):
+    assert [j.after for j in encode_jobs(chain, "x", "chain")] == ["b"]
+    assert [j.after for j in encode_jobs(chain, "y", "chain")] == ["b"]
+
+
+def test_chain_module_after_a_union_or_root_text_has_no_neighbour(chain):
+    # which member a prompt imports is not known when c is encoded; "Mid" is computed per prompt
+    for module in ("c", "d"):
+        assert encode_jobs(chain, module, "chain") == encode_jobs(chain, module, "preamble")
+
+
+def test_chain_neighbour_shares_only_its_own_runs_and_nested_modules_keep_preamble_mode(tok, chain):
+    (job,) = encode_jobs(chain, "f", "chain")
+    assert (job.after, job.shared_context) == ("e", ((ROOT, 0, 5), ("e", 11, 12), ("e", 13, 14)))
+    assert words(tok, job.context) == PREAMBLE + ["E1", "E2"]
+    assert encode_jobs(chain, "n", "chain") == encode_jobs(chain, "n", "preamble")
+    assert [j.after for j in encode_jobs(chain, "e", "chain")] == ["c", None]
+
+
+def test_encoded_after_names_the_neighbour_of_modules_and_scaffolds(tok):
+    layout = layout_of('<schema name="s"><module name="a">A</module><scaffold name="k"><module name="b">B'
+                       '</module><module name="c">C</module></scaffold></schema>', tokenizer=tok)
+
+    assert [encoded_after(layout, key, "chain") for key in (ROOT, "a", "b", "c", "scaffold:k")] == [
+        None, None, "a", "b", "a"]
+    assert encoded_after(layout, "b", "preamble") is None

@@ -1,0 +1,72 @@
+"""Chain encoding: each top-level module computed after its neighbour's cells (pc_cpu.pml.encoding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pc_cpu.engine.encoder import encode_key
+from pc_cpu.errors import EngineError
+from tests.conftest import prefill_logits
+
+DOC_A = "The lighthouse keeper climbed the spiral stairs every evening at dusk and trimmed the wick."
+DOC_B = "Later he polished the great lens and wrote the weather into a leather book."
+DOC_C = "On Sundays the supply boat brought flour, oil and letters from the mainland."
+SCHEMA = (f'<schema name="s"><system>You answer briefly.</system><user><module name="a">{DOC_A}</module>'
+          f'<module name="b">{DOC_B}</module><module name="c">{DOC_C}</module></user></schema>')
+QUESTION = " What did the keeper polish?"
+
+
+def prompt(imports: str) -> str:
+    return f'<prompt schema="s"><user>{imports}{QUESTION}</user></prompt>'
+
+
+def test_two_chained_modules_give_the_full_prefill_logits(make_cache):
+    # a is computed after the preamble, b after the preamble and a's cells: both exactly as in a full prefill.
+    cached = prefill_logits(make_cache(encoding="chain"), SCHEMA, prompt("<a/><b/>"), use_cache=True)
+    baseline = prefill_logits(make_cache(), SCHEMA, prompt("<a/><b/>"), use_cache=False)
+    preamble = prefill_logits(make_cache(), SCHEMA, prompt("<a/><b/>"), use_cache=True)
+
+    assert np.abs(cached - baseline).max() == 0.0
+    assert np.abs(preamble - baseline).max() > 0.0  # b alone never saw a
+
+
+def on_demand_logits(cache, imports: str):
+    """Returns the last-token logits of the prompt, its encodings made resident only as the prompt needs them."""
+    cache.load_schema(SCHEMA, encode=False)
+    cache.prefill(cache.plan(prompt(imports)), use_cache=True)
+    return cache.ctx.logits()
+
+
+def test_module_encoded_on_demand_is_computed_after_its_whole_chain(make_cache):
+    # Only c is imported: a and b must be made resident first, so c gets the cells a full load gives it.
+    eager = prefill_logits(make_cache(encoding="chain", store=False), SCHEMA, prompt("<c/>"), use_cache=True)
+    lazy_cache = make_cache(encoding="chain", store=False)
+    lazy = on_demand_logits(lazy_cache, "<c/>")
+    preamble = on_demand_logits(make_cache(store=False), "<c/>")
+
+    assert np.abs(lazy - eager).max() == 0.0
+    assert np.abs(preamble - eager).max() > 0.0
+    assert lazy_cache.modules.encoded == 4  # ROOT's preamble, a, b, c
+
+
+def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_path):
+    first = make_cache(encoding="chain", store=tmp_path)
+    expected = prefill_logits(first, SCHEMA, prompt("<c/>"), use_cache=True)
+    second = make_cache(encoding="chain", store=tmp_path)
+    got = on_demand_logits(second, "<c/>")
+
+    assert np.abs(got - expected).max() == 0.0
+    assert second.modules.encoded == 0
+    assert not second.modules.resident.contains(("s", "b"))
+
+
+def test_chain_module_whose_neighbour_is_not_resident_is_refused_not_computed_afresh(make_cache):
+    cache = make_cache(encoding="chain")
+    cache.load_schema(SCHEMA, encode=False)
+    layout = cache._loaded("s").layout
+    modules = cache.modules
+
+    with pytest.raises(EngineError, match=r"\['a'\] must be resident"):
+        encode_key(cache.ctx, layout, "b", mode="chain", scratch=modules.scratch, library=modules.pin + 1,
+                   pin=modules.pin, library_of=lambda other: None if other == "a" else 0)
