@@ -42,6 +42,9 @@ def _open_disk_store(store_dir):
     return DiskStore(store_dir)
 
 
+encoding_option = click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
+                               help="How modules are encoded: preamble, independent (the paper's), or chain "
+                                    "(see the README).")
 model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
                             help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None, help="CPU threads (default: all).")
@@ -68,8 +71,7 @@ def cli() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
 @click.option("--no-cache", is_flag=True, help="Baseline: full prefill of the same tokens.")
-@click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
-              help="How modules are encoded: preamble, independent (the paper's), or chain (see the README).")
+@encoding_option
 @click.option("--recompute", default=None, help="Cached module tokens to compute again: tail:32, head:8,tail:32, "
               "10%, select:10% (the most deviating 10%), select:10%@module, relevant:1, all "
               "(default: none, as in the paper).")
@@ -161,8 +163,9 @@ def demo(model, threads, as_json, verbose):
 @ctx_option
 @threads_option
 @store_option
+@encoding_option
 @verbose_option
-def serve(host, port, schemas, model, n_ctx, threads, store_dir, verbose):
+def serve(host, port, schemas, model, n_ctx, threads, store_dir, encoding, verbose):
     """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas.
 
     Example: pc-cpu serve --schema demo.pml --port 8000
@@ -172,7 +175,7 @@ def serve(host, port, schemas, model, n_ctx, threads, store_dir, verbose):
     except ImportError as exc:
         raise PromptCacheError(f"the server needs FastAPI and uvicorn ({exc.name} is missing); "
                                "install them with: pip install 'pc_cpu[serve]'") from None
-    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=store_dir) as pc:
+    with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir) as pc:
         for schema in schemas:
             name = pc.load_schema(_read_source(schema, "schema")).name
             click.echo(f"loaded schema {name!r}", err=True)

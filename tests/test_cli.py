@@ -54,6 +54,17 @@ def test_run_reads_the_prompt_from_stdin_and_no_cache_is_the_baseline(tiny_model
     assert data["use_cache"] is False and data["cached_tokens"] == 0
 
 
+def test_run_takes_the_encoding_mode_and_refuses_an_unknown_one(tiny_model_path, schema_file, capsys):
+    args = ["run", '<prompt schema="s"><doc/><b/> More:</prompt>', "--schema", schema_file, "--model",
+            str(tiny_model_path), "--max-tokens", "3", "--no-store", "--json"]
+    runs = {mode: run_main(args + ["--encoding", mode], capsys) for mode in ("preamble", "chain")}
+
+    assert [code for code, _, _ in runs.values()] == [0, 0]
+    chain = json.loads(runs["chain"][1])
+    assert chain["cached_tokens"] == json.loads(runs["preamble"][1])["cached_tokens"] > 0
+    assert run_main(args + ["--encoding", "chained"], capsys)[0] == 2
+
+
 @pytest.mark.parametrize("prompt, message", [
     ('<prompt schema="s"><a/><b/></prompt>', "union 'pick'"),
     ('<prompt schema="s"><nope/></prompt>', "no module 'nope'"),
