@@ -1,7 +1,7 @@
 """Gives the encode jobs of a schema: what to compute, and after which context, for each module.
 
 A module's cells are computed once and reused, so what they attended to at encode
-time is fixed. Two modes:
+time is fixed. Three modes:
 
 - "preamble" (default): each run of a module is computed after the schema text
   that encloses it: ROOT's text before it (BOS, system message, role markup) and
@@ -97,12 +97,13 @@ def _chained(layout: Layout, job: EncodeJob, before: list) -> EncodeJob:
     preamble = _shareable(layout, [ROOT], before, Run(layout.preamble_end, ())) if before else ()
     if before and not preamble:
         return job
-    neighbour = next((name for name, m in layout.modules.items()
-                      if m.parent == ROOT and m.union is None and name != job.module
-                      and layout.cached_runs(name) and layout.cached_runs(name)[-1].end == job.run.start), None)
-    if neighbour is None:
+    siblings = layout.modules[ROOT].children
+    union = layout.modules[job.module].union
+    neighbour = next((s for s in reversed(siblings[:siblings.index(job.module)])
+                      if union is None or layout.modules[s].union != union), None)
+    runs = layout.cached_runs(neighbour) if neighbour is not None else ()
+    if not runs or layout.modules[neighbour].union is not None or runs[-1].end != job.run.start:
         return job
-    runs = layout.cached_runs(neighbour)
     return EncodeJob(job.module, job.run, job.context + tuple(t for r in runs for t in r.tokens),
                      preamble + tuple((neighbour, r.start, r.end) for r in runs), after=neighbour)
 
