@@ -164,7 +164,8 @@ def peers(model, threads, quick, as_json):
               help="With --summary: a TTFT result saved by an earlier run's --json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
 @click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble",
-              show_default=True, help="How modules are encoded (pc_cpu.pml.encoding).")
+              show_default=True,
+              help="How modules are encoded (pc_cpu.pml.encoding); with --summary, the plot's label.")
 def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
               ttft_json, plot, encoding):
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
@@ -207,7 +208,7 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
             if sink:
                 sink.close()
     rows = rc.summarize(answers, chosen, ttft)
-    if plot and ttft and not plot_pareto(rows, ttft, plot):
+    if plot and ttft and not plot_pareto(rows, ttft, plot, encoding=encoding):
         click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
     text = rc.markdown(rows, ttft) + "\n\nExact matches by gold position:\n\n" + rc.by_position_markdown(
         answers, chosen) if rows else ""
