@@ -163,11 +163,13 @@ def peers(model, threads, quick, as_json):
 @click.option("--ttft-json", type=click.Path(dir_okay=False), default=None,
               help="With --summary: a TTFT result saved by an earlier run's --json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
+@click.option("--versus", "versus_files", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Answers of another run on the same questions: adds each policy's paired difference to it.")
 @click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble",
               show_default=True,
               help="How modules are encoded (pc_cpu.pml.encoding); with --summary, the plot's label.")
 def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
-              ttft_json, plot, encoding):
+              ttft_json, plot, versus_files, encoding):
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
@@ -214,7 +216,10 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
         answers, chosen) if rows else ""
     if ttft:
         text += ("\n\n" if text else "") + rc.ttft_markdown(ttft)
-    _emit({"rows": rows, "ttft": ttft}, text, as_json)
+    versus = rc.versus(answers, rc.read_answers(versus_files), chosen) if versus_files else []
+    if versus:
+        text += "\n\nAgainst the other run (--versus), paired by question:\n\n" + rc.versus_markdown(versus)
+    _emit({"rows": rows, "ttft": ttft, "versus": versus}, text, as_json)
 
 
 @bench.command()

@@ -161,6 +161,33 @@ def markdown(rows: list[dict], ttft: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def versus(answers: list[Answer], other: list[Answer], policies) -> list[dict]:
+    """Returns, per policy (baseline included), this run's exact match minus another run's, paired by question.
+
+    For two runs on the same questions that differ in one setting (e.g. the encoding):
+    each run keeps its own full prefill, so this compares the policies' answers directly.
+    """
+    rows = []
+    for policy in ("baseline", *policies):
+        mine = {a.index: a.em for a in answers if a.policy == policy}
+        theirs = {a.index: a.em for a in other if a.policy == policy}
+        common = sorted(mine.keys() & theirs.keys())
+        if not common:
+            continue
+        diff = paired_difference([mine[i] for i in common], [theirs[i] for i in common])
+        wins = sum(mine[i] and not theirs[i] for i in common)
+        losses = sum(theirs[i] and not mine[i] for i in common)
+        rows.append({"policy": policy, "n": len(common), "diff_pts": diff.pts(), "wins_losses": f"{wins}/{losses}"})
+    return rows
+
+
+def versus_markdown(rows: list[dict]) -> str:
+    """Returns the rows of `versus` as a Markdown table."""
+    lines = ["| policy | n | this run − the other (pts) | +/− |", "|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['n']} | {r['diff_pts']} | {r['wins_losses']} |" for r in rows]
+    return "\n".join(lines)
+
+
 def with_gold_positions(answers: list[Answer], gold_of: dict[int, int]) -> list[Answer]:
     """Returns the answers with gold_index filled in from `gold_of` (question index -> position) where missing."""
     return [a if a.gold_index >= 0 else replace(a, gold_index=gold_of.get(a.index, -1)) for a in answers]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from pc_cpu.benchmarks.recompute import Answer, markdown, policies_in, read_answers, summarize
+from pc_cpu.benchmarks.recompute import (Answer, markdown, policies_in, read_answers, summarize, versus,
+                                         versus_markdown)
 
 
 def _answers(policy, ems, same=None, start=0):
@@ -111,3 +112,15 @@ def test_kv_items_are_swept_with_every_policy_paired_on_one_encoding(make_cache)
     assert share == {"baseline": 1.0, "0": 0.0, "all": 1.0}
     assert [a.gold_index for a in answers if a.policy == "baseline"] == [0, 1]
     assert not cache.schema_names  # every item's schema unloaded
+
+
+def test_versus_pairs_each_policy_with_the_other_runs_answers_by_question():
+    mine = _answers("baseline", [True, False, True]) + _answers("0", [True, True, False])
+    other = _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1)
+
+    rows = {r["policy"]: r for r in versus(mine, other, ["0"])}
+
+    assert rows["baseline"]["n"] == 3 and rows["baseline"]["wins_losses"] == "1/0"
+    assert rows["0"]["n"] == 2 and rows["0"]["wins_losses"] == "1/0"  # questions 1 and 2 only
+    assert rows["0"]["diff_pts"].startswith("+50.0")
+    assert "| 0 | 2 | +50.0" in versus_markdown(list(rows.values()))
