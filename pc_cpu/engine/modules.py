@@ -72,25 +72,12 @@ class ModuleCache:
             self.resident.touch(resident_key)
             return TIER_CONTEXT
         runs = encoding_runs(layout, key, self.mode)
-        cells = sum(len(run.tokens) for run in runs)
         store_key = StoreKey(self.model_id, digest, key, self.mode)
         hit = self._lookup(layout, key, store_key)
-        if hit is not None:
-            self._make_room(cells, keep)
-            library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
-            try:
-                refusal = self._restore(hit.entry, runs, library)
-            except Exception:
-                self._drop(resident_key)
-                raise
-            if refusal is None:
-                return hit.tier
-            log.warning("stored state of %s cannot be restored into this context: %s; re-encoding it",
-                        store_key.describe(), refusal)
-            self._drop(resident_key)
-            self.store.remove(store_key)
+        if hit is not None and self._restore_or_forget(resident_key, store_key, hit, runs, keep):
+            return hit.tier
         keep = keep | self._make_neighbours_resident(layout, key, digest, keep)
-        self._make_room(cells + scratch_cells(layout, self.mode), keep)
+        self._make_room(sum(len(run.tokens) for run in runs) + scratch_cells(layout, self.mode), keep)
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
@@ -101,6 +88,24 @@ class ModuleCache:
             raise
         self._save(store_key, library, runs)
         return TIER_ENCODED
+
+    def _restore_or_forget(self, resident_key, store_key: StoreKey, hit: Hit, runs: tuple[Run, ...],
+                           keep: set) -> bool:
+        """Makes a stored state resident; returns False, and removes it from the store, when it cannot be restored."""
+        self._make_room(sum(len(run.tokens) for run in runs), keep)
+        library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
+        try:
+            refusal = self._restore(hit.entry, runs, library)
+        except Exception:
+            self._drop(resident_key)
+            raise
+        if refusal is None:
+            return True
+        log.warning("stored state of %s cannot be restored into this context: %s; re-encoding it",
+                    store_key.describe(), refusal)
+        self._drop(resident_key)
+        self.store.remove(store_key)
+        return False
 
     def _make_neighbours_resident(self, layout: Layout, key: str, digest: str, keep: set) -> set:
         """Makes resident the chain of encodings `key` is computed after (chain mode); returns their keys.

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from pc_cpu.cache import PROMPT_SEQ
+from pc_cpu.engine.modules import ModuleCache
 from tests.conftest import cell_positions
 from tests.tiny_gguf import write_tiny_llama_gguf
 
@@ -152,3 +153,22 @@ def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_cache):
     assert cache.generate(prompt("c"), max_tokens=4, recompute="tail:4").token_ids
     cache.unload_schema("t")
     assert cache.resident_cells == pinned_cells(cache) == 0
+
+
+def test_a_stored_state_refused_at_restore_is_removed_and_re_encoded(make_cache, store_dir, monkeypatch, caplog):
+    clean = make_cache(store=store_dir)
+    clean.load_schema(SCHEMA)
+    expected = answers(clean)
+    cache = make_cache(store=store_dir)
+    cache.load_schema(SCHEMA, encode=False)
+    monkeypatch.setattr(ModuleCache, "_restore", lambda self, entry, runs, library: "refused for this test")
+
+    with caplog.at_level(logging.WARNING):
+        result = cache.generate(prompt("a"), max_tokens=6)
+
+    assert result.tiers == {"#root": "encoded", "a": "encoded"}
+    assert result.token_ids == expected["a"]
+    assert sum("refused for this test" in r.getMessage() for r in caplog.records) == 2  # ROOT's preamble and a
+    assert pinned_cells(cache) == cache.resident_cells > 0  # the refused slots left nothing behind
+    monkeypatch.undo()
+    assert cache.evict("t") and cache.generate(prompt("a"), max_tokens=6).tiers["a"] == "ram"  # stored afresh
