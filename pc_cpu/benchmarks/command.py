@@ -165,11 +165,13 @@ def peers(model, threads, quick, as_json):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
 @click.option("--versus", "versus_files", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Answers of another run on the same questions: adds each policy's paired difference to it.")
+@click.option("--gap", type=click.IntRange(0), default=0, show_default=True,
+              help="NQ: declare this many other passages as modules before the imported ones, left out.")
 @click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble",
               show_default=True,
               help="How modules are encoded (pc_cpu.pml.encoding); with --summary, the plot's label.")
 def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
-              ttft_json, plot, versus_files, encoding):
+              ttft_json, plot, versus_files, gap, encoding):
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
@@ -192,6 +194,8 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
     else:
         chosen = list(policies) or list(rc.DEFAULT_POLICIES)
         count = (10 if quick else 200) if count is None else count
+        if task == "kv" and gap:
+            raise click.UsageError("--gap is for NQ (--task nq): key-value items have no passages to leave out")
         if task == "kv":
             spec, max_tokens = acc.kv_task(docs, 1, chat=not plain), KV_MAX_TOKENS
             items = evaldata.kv_items(evaldata.load_kv(), docs, count)[start:] if count else []
@@ -202,7 +206,7 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
         try:
             with PromptCache(model, threads=threads, n_ctx=8192, store=False, encoding=encoding) as cache, \
                     _bar(len(items), "recompute", as_json) as progress:
-                answers = list(rc.run(cache, items, chosen, task=spec, max_tokens=max_tokens, out=sink,
+                answers = list(rc.run(cache, items, chosen, task=spec, max_tokens=max_tokens, gap=gap, out=sink,
                                       progress=progress))
                 if ttft_tokens:
                     ttft = rc.ttft_by_policy(cache, chosen, target_tokens=ttft_tokens, repeats=1 if quick else 3)

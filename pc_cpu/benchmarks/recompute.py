@@ -42,10 +42,13 @@ class Answer:
     gold_index: int = -1  # where the gold passage is (-1: not recorded, in files of older runs)
 
 
-def answer_item(cache, item, policies, *, task: Task, max_tokens: int) -> list[Answer]:
-    """Returns the baseline's and every policy's answer to one item, from one encoding of its modules."""
+def answer_item(cache, item, policies, *, task: Task, max_tokens: int, gap_passages: tuple = ()) -> list[Answer]:
+    """Returns the baseline's and every policy's answer to one item, from one encoding of its modules.
+
+    `gap_passages` are declared as modules before the item's passages and left out of the prompt.
+    """
     name = f"rq{item.index}"
-    schema = task.schema(name, item, "modular", ())
+    schema = task.schema(name, item, "modular", tuple(gap_passages))
     prompt = task.prompt(name, item, "modular")
     answers = task.answers(item)
     cache.load_schema(schema)
@@ -219,10 +222,15 @@ def ttft_markdown(ttft: dict) -> str:
     return "\n".join(lines)
 
 
-def run(cache, items, policies, *, task: Task, max_tokens: int, out=None, progress=None):
-    """Yields the answers of every item (see answer_item); appends each as a JSON line to `out` when given."""
-    for item in items:
-        got = answer_item(cache, item, policies, task=task, max_tokens=max_tokens)
+def run(cache, items, policies, *, task: Task, max_tokens: int, gap: int = 0, out=None, progress=None):
+    """Yields the answers of every item (see answer_item); appends each as a JSON line to `out` when given.
+
+    With `gap`, item i's schema declares the first `gap` passages of item i+1 before its own, as
+    modules the prompt leaves out (as the accuracy bench's gap runs do).
+    """
+    for i, item in enumerate(items):
+        filler = items[(i + 1) % len(items)].passages[:gap] if gap else ()
+        got = answer_item(cache, item, policies, task=task, max_tokens=max_tokens, gap_passages=filler)
         if out is not None:
             out.writelines(json.dumps(asdict(a)) + "\n" for a in got)
             out.flush()

@@ -124,3 +124,25 @@ def test_versus_pairs_each_policy_with_the_other_runs_answers_by_question():
     assert rows["0"]["n"] == 2 and rows["0"]["wins_losses"] == "1/0"  # questions 1 and 2 only
     assert rows["0"]["diff_pts"].startswith("+50.0")
     assert "| 0 | 2 | +50.0" in versus_markdown(list(rows.values()))
+
+
+def test_a_gap_declares_the_next_items_passages_before_the_imported_ones_and_leaves_them_out(make_cache):
+    from pc_cpu.benchmarks.accuracy import nq_task
+    from pc_cpu.benchmarks.evaldata import DocItem, Passage
+    from pc_cpu.benchmarks.recompute import run
+
+    items = [DocItem(i, f"Who wrote book {i}?", (f"author {i}",),
+                     tuple(Passage(f"T{i}{j}", f"Book {i}{j} was written by author {i}{j}.") for j in range(2)), 0)
+             for i in range(2)]
+    cache = make_cache(store=False)
+    loaded, planned = [], []
+    load, plan = cache.load_schema, cache.plan
+    cache.load_schema = lambda pml, **kw: loaded.append(pml) or load(pml, **kw)
+    cache.plan = lambda prompt, **kw: planned.append(plan(prompt, **kw)) or planned[-1]
+
+    answers = list(run(cache, items, ["0"], task=nq_task(2), max_tokens=2, gap=1))
+
+    assert [a.policy for a in answers] == ["baseline", "0"] * 2
+    assert '<module name="g0">' in loaded[0] and "Book 10 was written" in loaded[0]  # item 1's first passage
+    assert "Book 00 was written" in loaded[1]  # the last item takes the first item's
+    assert all("g0" not in p.modules for p in planned) and all("d0" in p.modules for p in planned)
