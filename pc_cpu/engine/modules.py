@@ -21,7 +21,7 @@ from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import encode_key, pin_cells
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError, StoreError
 from pc_cpu.pml.encoding import encoded_after, encoding_keys, encoding_runs, scratch_cells
-from pc_cpu.pml.layout import Layout, Run
+from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import native, parts, state_blob
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey, schema_hash
@@ -108,21 +108,27 @@ class ModuleCache:
         return False
 
     def _make_neighbours_resident(self, layout: Layout, key: str, digest: str, keep: set) -> set:
-        """Makes resident the chain of encodings `key` is computed after (chain mode); returns their keys.
+        """Makes resident the encodings `key` is computed after (chain mode: the preamble and the chain); returns their keys.
 
         The chain is followed back to the first neighbour that is resident or stored
         (a stored state needs no neighbour to restore), then made resident from there on,
         so each link is computed after its own neighbour, exactly as when the whole
         schema is loaded in order.
         """
-        chain: list[str] = []
         neighbour = encoded_after(layout, key, self.mode)
+        if neighbour is None:
+            return set()
+        needed = set()
+        if layout.cached_runs(ROOT):  # every link shares the preamble's cells too
+            self._ensure_one(layout, ROOT, digest, keep)
+            needed.add((layout.schema, ROOT))
+        chain: list[str] = []
         while neighbour is not None and not self.resident.contains((layout.schema, neighbour)):
             chain.append(neighbour)
             if self._lookup(layout, neighbour, StoreKey(self.model_id, digest, neighbour, self.mode)):
                 break
             neighbour = encoded_after(layout, neighbour, self.mode)
-        needed = {(layout.schema, name) for name in chain}
+        needed |= {(layout.schema, name) for name in chain}
         if neighbour is not None:
             needed.add((layout.schema, neighbour))
         for name in reversed(chain):
