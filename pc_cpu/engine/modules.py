@@ -108,7 +108,7 @@ class ModuleCache:
         return False
 
     def _make_neighbours_resident(self, layout: Layout, key: str, digest: str, keep: set) -> set:
-        """Makes resident the encodings `key` is computed after (chain mode: the preamble and the chain); returns their keys.
+        """Makes resident what encoding `key` is computed after (chain mode: preamble and chain); returns their keys.
 
         The chain is followed back to the first neighbour that is resident or stored
         (a stored state needs no neighbour to restore), then made resident from there on,
@@ -125,8 +125,8 @@ class ModuleCache:
         chain: list[str] = []
         while neighbour is not None and not self.resident.contains((layout.schema, neighbour)):
             chain.append(neighbour)
-            if self._lookup(layout, neighbour, StoreKey(self.model_id, digest, neighbour, self.mode)):
-                break
+            if self.store is not None and self.store.contains(StoreKey(self.model_id, digest, neighbour, self.mode)):
+                break  # existence only: _ensure_one reads it (a damaged file then walks on from there)
             neighbour = encoded_after(layout, neighbour, self.mode)
         needed |= {(layout.schema, name) for name in chain}
         if neighbour is not None:
