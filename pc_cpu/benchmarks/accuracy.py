@@ -127,6 +127,11 @@ def run_item(caches: dict, task: Task, item: DocItem | KVItem, *, settings: Iter
     return records
 
 
+def gap_fillers(items: list, i: int, count: int) -> tuple:
+    """Returns the passages item i declares as left-out modules in a gap run: the next item's first `count`."""
+    return tuple(getattr(items[(i + 1) % len(items)], "passages", ()))[:count]
+
+
 def run(caches: dict, task: Task, items: list, *, settings=("single", "modular"), gaps=(), max_tokens: int = 32,
         out=None, progress: Callable[[int], None] | None = None, start: int = 0) -> Iterator[Record]:
     """Yields records item by item; appends each as a JSON line to `out` (an open text file) when given.
@@ -137,8 +142,7 @@ def run(caches: dict, task: Task, items: list, *, settings=("single", "modular")
     for i, item in enumerate(items):
         if i < start:
             continue
-        neighbour = items[(i + 1) % len(items)]
-        filler = tuple(getattr(neighbour, "passages", ()))
+        filler = gap_fillers(items, i, max(gaps, default=0))
         for rec in run_item(caches, task, item, settings=settings, gaps=gaps, gap_passages=filler,
                             max_tokens=max_tokens):
             if out is not None:

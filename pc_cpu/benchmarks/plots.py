@@ -83,7 +83,8 @@ def plot_pareto(rows: list[dict], ttft: dict, path: str | Path, *, encoding: str
     ax.axvline(4, color="gray", ls=":", lw=0.8, label="4× faster")
     n = points[0]["n"] if points else 0
     ax.set(xscale="log", xlabel=f"TTFT speedup vs full prefill at {ttft['cached_tokens']:,} cached tokens",
-           ylabel="exact match − full prefill (points)", title=f"Recompute policies, {encoding} encoding: accuracy vs speed (n={n})")
+           ylabel="exact match − full prefill (points)",
+           title=f"Recompute policies, {encoding} encoding: accuracy vs speed (n={n})")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path = Path(path)

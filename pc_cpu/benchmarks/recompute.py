@@ -19,7 +19,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 
 from pc_cpu.benchmarks import workloads
-from pc_cpu.benchmarks.accuracy import Task
+from pc_cpu.benchmarks.accuracy import Task, gap_fillers
 from pc_cpu.benchmarks.timing import stats
 from pc_cpu.benchmarks.intervals import paired_difference, wilson
 from pc_cpu.benchmarks.scoring import best_subspan_em
@@ -229,8 +229,8 @@ def run(cache, items, policies, *, task: Task, max_tokens: int, gap: int = 0, ou
     modules the prompt leaves out (as the accuracy bench's gap runs do).
     """
     for i, item in enumerate(items):
-        filler = items[(i + 1) % len(items)].passages[:gap] if gap else ()
-        got = answer_item(cache, item, policies, task=task, max_tokens=max_tokens, gap_passages=filler)
+        got = answer_item(cache, item, policies, task=task, max_tokens=max_tokens,
+                          gap_passages=gap_fillers(items, i, gap))
         if out is not None:
             out.writelines(json.dumps(asdict(a)) + "\n" for a in got)
             out.flush()
