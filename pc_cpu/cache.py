@@ -5,11 +5,15 @@
     result = pc.generate('<prompt schema="trip"><paris/><user>Where to eat?</user></prompt>')
     print(result.text, result.ttft_ms)
 
-Sequence ids of the context: prompt slots 0..parallel-1 (one per prompt being
-answered; pc_cpu.engine.scheduler batches them), then the scratch sequence where
-modules are computed, then the pin (it holds every resident cell as well, so
+Two llama.cpp contexts. The library context (one unified KV cache) keeps encoded
+modules resident and assembles prompts from them; its sequence ids are the
+staging sequences 0..parallel-1 (one per prompt slot), the scratch sequence
+where modules are computed, the pin (it holds every resident cell as well, so
 llama.cpp never reuses one: pc_cpu.engine.encoder.pin_cells), then library
-sequences that keep encoded modules resident (pc_cpu.store.resident).
+sequences (pc_cpu.store.resident). The prompt context gives each prompt slot a
+stream of its own, where an assembled prompt is moved in position order, its
+text computed and its answer generated (pc_cpu.engine.streams,
+pc_cpu.engine.scheduler).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler, prefill_slot
+from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
@@ -63,7 +68,9 @@ class PromptCache:
 
         Args:
             model: a GGUF path; None uses $PC_CPU_MODEL or the installed default (SmolLM2-135M).
-            n_ctx: KV cells for schemas and prompts together; None: the model's training context, at most 8192.
+            n_ctx: KV cells of the library (resident modules), and positions of one prompt: each of the
+                `parallel` prompt slots has a stream of n_ctx cells of its own. None: the model's training
+                context, at most 8192.
             threads: CPU threads; None uses every core.
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
                 modules (union members each need their own library sequence).
@@ -87,6 +94,12 @@ class PromptCache:
         except Exception:
             self.model.close()
             raise
+        try:
+            self.prompts = open_prompt_streams(self.ctx, parallel)
+        except Exception:
+            self.ctx.close()
+            self.model.close()
+            raise
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
         self._schemas: dict[str, LoadedSchema] = {}
@@ -97,15 +110,16 @@ class PromptCache:
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
                                    mode=self.encoding)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
-        self._scheduler = Scheduler(self.ctx, self.modules, list(range(parallel)), self._lock)
+        self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock)
 
     # --- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the scheduler, then frees the context, then the model."""
+        """Stops the scheduler, then frees the contexts, then the model."""
         self._scheduler.close()
         if self._scheduler.blender is not None:
             self._scheduler.blender.close()
+        self.prompts.close()
         self.ctx.close()
         self.model.close()
 
@@ -243,20 +257,21 @@ class PromptCache:
         """
         with self._lock:
             loaded = self._loaded(plan.schema)
-            new_cells = plan.uncached_tokens + plan.selected_tokens if use_cache else len(plan.tokens)
+            new_cells = plan.uncached_tokens + plan.selected_tokens if use_cache else 0
             keys = plan.encodings if use_cache else ()
             return self.modules.ensure(loaded.layout, keys, source=loaded.schema.source, reserve=new_cells + reserve)
 
     def prefill(self, plan: Plan, *, use_cache: bool) -> int:
-        """Builds the prompt's KV cache in sequence PROMPT_SEQ; returns the position generation continues at.
+        """Builds the prompt's KV cache in stream PROMPT_SEQ of `prompts`; returns the position generation continues at.
 
-        For tests and tools, while nothing else runs; makes the plan's encodings resident first.
+        For tests and tools, while nothing else runs; makes the plan's encodings resident
+        first. `prompts.logits()` then gives the last token's logits.
         """
         with self._lock:
             self.prepare(plan, use_cache=use_cache)
             if plan.selected_tokens and use_cache:
                 self._ensure_blender()
-            return prefill_slot(self.ctx, self.modules, plan, PROMPT_SEQ, use_cache=use_cache,
+            return prefill_slot(self.ctx, self.modules, plan, PROMPT_SEQ, use_cache=use_cache, prompts=self.prompts,
                                 blender=self._scheduler.blender)
 
     def _ensure_blender(self) -> Blender:

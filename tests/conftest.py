@@ -79,19 +79,14 @@ def smollm2_cache():
     cache.close()
 
 
-def cell_positions(ctx, seq: int, end: int, probe: int) -> list[int]:
-    """Returns the positions < end at which `seq` holds a cell, asked of llama.cpp one position at a time.
+def cell_positions(ctx, seq: int, end: int, probe: int | None = None) -> list[int]:
+    """Returns the positions < end at which `seq` holds a cell (those of its first KV cache), read from its state."""
+    from pc_cpu.store import state_blob
 
-    Each position is shared into the empty `probe` sequence; it reports a cell there or nothing.
-    """
-    found = []
-    for pos in range(end):
-        ctx.seq_rm(probe)
-        ctx.seq_cp(seq, probe, pos, pos + 1)
-        if ctx.seq_pos_max(probe) == pos:
-            found.append(pos)
-    ctx.seq_rm(probe)
-    return found
+    if ctx.seq_pos_max(seq) < 0:
+        return []
+    positions = state_blob._layout_parse(ctx.state_get(seq)).sections[0].positions
+    return sorted(int(p) for p in positions if p < end)
 
 
 def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool):
@@ -101,6 +96,6 @@ def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool):
     cache.load_schema(schema, encode=use_cache)
     plan = cache.plan(prompt)
     cache.prefill(plan, use_cache=use_cache)
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    logits = cache.prompts.logits()
+    cache.prompts.seq_rm(PROMPT_SEQ)
     return logits

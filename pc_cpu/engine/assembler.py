@@ -9,8 +9,8 @@ from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 
 
-def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int]) -> None:
-    """Fills the empty sequence `seq` with the plan's cells; the last op's logits are then ready.
+def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int], *, logits: bool = True) -> None:
+    """Fills the empty sequence `seq` with the plan's cells; the last op's logits are then ready (if `logits`).
 
     `library_of` maps an encoding name (a module, or "scaffold:<name>") to the sequence holding it.
     """
@@ -20,7 +20,7 @@ def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int
         if isinstance(op, CopyCells):
             ctx.seq_cp(library_of(op.encoding), seq, op.start, op.end)
         else:
-            decode_at(ctx, seq, op, want_logits=i == last)
+            decode_at(ctx, seq, op, want_logits=logits and i == last)
 
 
 def decode_at(ctx: Context, seq: int, op: DecodeTokens, *, want_logits: bool) -> None:

@@ -23,12 +23,17 @@ MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 @dataclass(frozen=True)
 class ContextConfig:
-    n_ctx: int = 8192  # KV cells, shared by every sequence (kv_unified)
+    n_ctx: int = 8192  # positions per sequence; unified: KV cells shared by every sequence
     n_batch: int = 512  # tokens per llama_decode call; longer inputs are split
     n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
     threads: int | None = None  # None: every core
     flash_attn: bool | None = None  # None: llama.cpp decides
     swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
+    # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).
+    # False: every sequence gets its own stream of n_ctx cells, filled from slot 0 in the order
+    # cells arrive, and attention sums only that stream: a prompt's result then depends on its
+    # own cells alone (see pc_cpu.engine.streams).
+    kv_unified: bool = True
 
 
 def default_threads() -> int:
@@ -40,24 +45,25 @@ def default_threads() -> int:
 
 
 class Context:
-    """One llama_context with a unified KV cache; the only owner of its handle and batch."""
+    """One llama_context (a unified KV cache, or one stream per sequence); the only owner of its handle and batch."""
 
     def __init__(self, model: Model, config: ContextConfig):
-        if not 2 <= config.n_seq_max <= MAX_SEQUENCES:
-            raise EngineError(f"n_seq_max={config.n_seq_max}: must be 2..{MAX_SEQUENCES}")
+        if not 1 <= config.n_seq_max <= MAX_SEQUENCES:
+            raise EngineError(f"n_seq_max={config.n_seq_max}: must be 1..{MAX_SEQUENCES}")
         if config.n_ctx < 16:
             raise EngineError(f"n_ctx={config.n_ctx}: must be at least 16")
         self.model = model
         self.config = config
         self.threads = config.threads or default_threads()
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = config.n_ctx
+        # llama.cpp splits a non-unified context's n_ctx evenly between the sequences' streams.
+        params.n_ctx = config.n_ctx if config.kv_unified else config.n_ctx * config.n_seq_max
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_batch
         params.n_seq_max = config.n_seq_max
         params.n_threads = self.threads
         params.n_threads_batch = self.threads
-        params.kv_unified = True  # one cell pool: cells can be shared across sequences (seq_cp)
+        params.kv_unified = config.kv_unified
         params.swa_full = config.swa_full
         params.no_perf = True
         if config.flash_attn is not None:
@@ -67,7 +73,8 @@ class Context:
             raise EngineError(f"llama.cpp could not create a context with n_ctx={config.n_ctx}; "
                               "lower n_ctx (run with --verbose to see why)")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx)  # positions (and cells) one sequence can hold
+        self.kv_unified = config.kv_unified
         self.n_seq_max = config.n_seq_max
         self.n_batch = config.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -180,7 +187,9 @@ class Context:
         return llama_cpp.llama_memory_seq_pos_min(self._mem, seq)
 
     def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
-        """Shares `src`'s cells at positions [start, end) with `dst` (no copy of data)."""
+        """Shares `src`'s cells at positions [start, end) with `dst` (no copy of data); unified caches only."""
+        if not self.kv_unified:
+            raise EngineError("seq_cp needs a unified KV cache: sequences of this context have their own streams")
         self.check_seq(src)
         self.check_seq(dst)
         self.check_positions(start, end)
@@ -235,11 +244,14 @@ class Context:
         step = max(1, window // 2)
         return [(max(a, start), min(a + step, end)) for a in range(start - start % step, end, step)]
 
-    def state_set(self, seq: int, data: bytes) -> None:
+    def state_set(self, seq: int, data: bytes | bytearray) -> None:
         """Replaces `seq`'s cells with a blob from state_get (the sequence is cleared first)."""
         self.check_seq(seq)
-        # set_data only reads the blob: point llama.cpp at the bytes object's own buffer, no copy.
-        buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        # set_data only reads the blob: point llama.cpp at the object's own buffer, no copy.
+        if isinstance(data, bytearray):
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:
+            buf = ctypes.cast(ctypes.c_char_p(bytes(data)), ctypes.POINTER(ctypes.c_uint8))
         if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq) == 0:
             raise EngineError(f"llama.cpp could not restore a {len(data)}-byte state into sequence {seq}: "
                               "the blob is from another model or the context has no free cells")

@@ -8,10 +8,12 @@ then decodes the next token of every active request in one llama_decode. A
 request leaves when it ends, fails or is cancelled, and its slot and cells are
 reused by the next one.
 
-Modules are shared, never copied: every slot that imports a module holds the
-same cells (seq_cp). Cells are reserved per request (its own tokens plus the
-tokens it may generate), and encodings that active requests use are pinned, so
-admitting a request never evicts what another one is reading.
+A prompt is assembled in the library context, where its modules' cells are
+shared (seq_cp), then moved into its own stream of the prompt context in
+position order, where its own text is computed and its tokens generated
+(pc_cpu.engine.streams: the same tokens then give the same answer whatever the
+tier or the library held). A prompt holds library cells only while it is being
+assembled, so requests wait for a free slot, never for library cells.
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Union
 
-from pc_cpu.engine.assembler import assemble
+from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import Sampler, SamplingParams
+from pc_cpu.engine.streams import move_to_stream, split_tail
 from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, EngineError, PromptCacheError
 from pc_cpu.pml.encoding import encoding_runs
 from pc_cpu.pml.layout import ROOT, Layout
-from pc_cpu.pml.plan import Plan
+from pc_cpu.pml.plan import DecodeTokens, Plan
 from pc_cpu.result import Result
 
 log = logging.getLogger(__name__)
@@ -96,7 +99,6 @@ class Request:
     pending: int | None = None  # the sampled token still to be decoded
     next_pos: int = 0
     cap: int = 0  # most tokens this request may generate
-    reserved: int = 0  # KV cells held back for it
     ttft_ms: float = 0.0
     tiers: dict[str, str] = field(default_factory=dict)
 
@@ -107,33 +109,42 @@ class Request:
 
 
 def prefill_slot(ctx: Context, modules: ModuleCache, plan: Plan, slot: int, *, use_cache: bool,
-                 blender: "Blender | None" = None) -> int:
-    """Builds `plan`'s KV cache in the empty sequence `slot`; returns the position generation continues at.
+                 prompts: Context, blender: "Blender | None" = None) -> int:
+    """Builds `plan`'s KV cache in the empty stream `slot` of `prompts`; returns the position generation continues at.
 
-    Cached: resident module cells are shared in and only the prompt's own tokens are
-    computed (plus, with a `select:` policy, the cells `blender` picks). Baseline: a
-    full prefill of the identical tokens at positions 0..n-1.
+    Cached: the plan's shared cells (and its arguments and recomputed tokens) are assembled
+    in `ctx`'s staging sequence `slot` from resident modules (plus, with a `select:` policy,
+    the cells `blender` picks), moved into the stream in position order, and the prompt's
+    own text is computed there. Baseline: a full prefill of the identical tokens at
+    positions 0..n-1 in the stream.
     """
-    if use_cache:
+    prompts.seq_rm(slot)
+    if not use_cache:
+        tokens = plan.tokens
+        prompts.decode(tokens, range(len(tokens)), slot)
+        return len(tokens)
+    head, tail = split_tail(plan)
+    if head.ops:
         library_of = lambda key: modules.resident.get((plan.schema, key))  # noqa: E731
-        if plan.selected_tokens:
+        if head.selected_tokens:
             if blender is None:
                 raise EngineError("recompute 'select:…' needs the probe model; use PromptCache.generate")
-            blender.assemble(plan, slot, library_of)
+            blender.assemble(head, slot, library_of)
         else:
-            assemble(ctx, plan, slot, library_of)
-        return plan.end
-    tokens = plan.tokens
-    ctx.seq_rm(slot)
-    ctx.decode(tokens, range(len(tokens)), slot)
-    return len(tokens)
+            assemble(ctx, head, slot, library_of, logits=False)
+        move_to_stream(ctx, slot, prompts, slot, scratch=modules.scratch,
+                       shifted=any(isinstance(op, DecodeTokens) for op in head.ops))
+    for i, op in enumerate(tail):
+        decode_at(prompts, slot, op, want_logits=i == len(tail) - 1)
+    return plan.end
 
 
 class Scheduler:
     """Admits, batches and retires the requests of one context; one worker thread does the llama.cpp calls."""
 
-    def __init__(self, ctx: Context, modules: ModuleCache, slots: list[int], lock: FairLock):
-        self.ctx = ctx
+    def __init__(self, ctx: Context, prompts: Context, modules: ModuleCache, slots: list[int], lock: FairLock):
+        self.ctx = ctx  # the library context: where prompts are assembled (slot i stages stream i)
+        self.prompts = prompts  # one stream per slot: where prompts are finished and generated
         self.modules = modules
         self._free = list(reversed(slots))  # pop() hands out the lowest slot first
         self._lock = lock  # the PromptCache's: schema loading waits between steps
@@ -212,8 +223,7 @@ class Scheduler:
                 self._pop(request)
                 continue
             try:
-                if not self._start(request):
-                    return  # waits, in order, until a running request frees cells
+                self._start(request)
             except BaseException as exc:
                 self._pop(request)
                 self._fail(request, exc)
@@ -225,59 +235,49 @@ class Scheduler:
             if self._pending and self._pending[0] is request:
                 self._pending.popleft()
 
-    def _start(self, request: Request) -> bool:
-        """Admits `request` into a slot and samples its first token; False when it must wait for cells."""
-        job, ctx = request.job, self.ctx
+    def _start(self, request: Request) -> None:
+        """Admits `request` into a free slot, builds its KV cache and samples its first token."""
+        job, prompts = request.job, self.prompts
         plan = job.plan
         end = plan.end if job.use_cache else len(plan.tokens)
-        new_cells = plan.uncached_tokens + plan.selected_tokens if job.use_cache else len(plan.tokens)
-        keys = plan.encodings if job.use_cache else frozenset()
-        own_cells = sum(len(r.tokens) for key in keys for r in encoding_runs(job.layout, key, self.modules.mode))
-        cap = min(job.max_tokens, ctx.n_ctx - end, ctx.n_ctx - own_cells - new_cells)
+        cap = min(job.max_tokens, prompts.n_ctx - end)
         if cap < 1:
             raise ContextOverflowError(
-                f"prompt needs {end} positions and {own_cells + new_cells} KV cells; the context has "
-                f"{ctx.n_ctx}: raise n_ctx or shorten the prompt")
-        others = sum(r.reserved for r in self._active)
-        pinned = {(r.job.plan.schema, key) for r in self._active if r.job.use_cache for key in r.job.plan.encodings}
-        try:
-            request.tiers = self.modules.ensure(job.layout, keys, source=job.schema_source,
-                                                reserve=new_cells + cap + others, pinned=pinned)
-        except ContextOverflowError as exc:
-            if self._active:
-                log.debug("prompt waits for KV cells: %s", exc)
-                return False
-            raise
+                f"prompt needs {end} positions and a prompt slot holds {prompts.n_ctx}: raise n_ctx or shorten "
+                "the prompt")
+        keys = plan.encodings if job.use_cache else frozenset()
+        # Library cells the assembly computes beside the shared ones: arguments, recomputed tokens.
+        staged = split_tail(plan)[0]
+        new_cells = (staged.uncached_tokens + staged.selected_tokens + 1) if job.use_cache else 0
+        request.tiers = self.modules.ensure(job.layout, keys, source=job.schema_source, reserve=new_cells)
         request.slot = self._free.pop()
-        request.reserved = new_cells + cap
         request.cap = cap
         request.sampler = Sampler(job.sampling)
-        request.decoder = TextDecoder(ctx.model, job.stop)
+        request.decoder = TextDecoder(prompts.model, job.stop)
         self._active.append(request)
-        request.next_pos = prefill_slot(ctx, self.modules, plan, request.slot, use_cache=job.use_cache,
-                                        blender=self.blender)
-        token = request.sampler.sample(ctx.handle, -1)
+        request.next_pos = prefill_slot(self.ctx, self.modules, plan, request.slot, use_cache=job.use_cache,
+                                        prompts=prompts, blender=self.blender)
+        token = request.sampler.sample(prompts.handle, -1)
         request.ttft_ms = (time.perf_counter() - job.t0) * 1000
         self._accept(request, token)
-        return True
 
     def _step(self) -> None:
         """Decodes the pending token of every active request in one batch, then samples each one's next."""
         batch = [r for r in self._active if r.pending is not None]
         if not batch:
             return
-        self.ctx.decode_each([r.pending for r in batch], [r.next_pos for r in batch], [r.slot for r in batch])
+        self.prompts.decode_each([r.pending for r in batch], [r.next_pos for r in batch], [r.slot for r in batch])
         self.stats.steps += 1
         self.stats.tokens += len(batch)
         self.stats.max_batch = max(self.stats.max_batch, len(batch))
         for i, request in enumerate(batch):
             request.next_pos += 1
             request.pending = None
-            self._accept(request, request.sampler.sample(self.ctx.handle, i))
+            self._accept(request, request.sampler.sample(self.prompts.handle, i))
 
     def _accept(self, request: Request, token: int) -> None:
         """Records a sampled token; ends the request at end-of-generation, a stop string or its cap."""
-        if self.ctx.model.is_end_of_generation(token):
+        if self.prompts.model.is_end_of_generation(token):
             self._finish(request, "stop")
             return
         request.tokens.append(token)
@@ -310,12 +310,13 @@ class Scheduler:
         request.events.put(Failed(error))
 
     def _release(self, request: Request) -> None:
-        """Frees the request's slot, cells and sampler (its shared module cells stay with the library)."""
+        """Frees the request's slot, its stream's cells and its sampler (the library keeps the module cells)."""
         if request in self._active:
             self._active.remove(request)
         if request.slot >= 0:
             try:
-                self.ctx.seq_rm(request.slot)
+                self.prompts.seq_rm(request.slot)
+                self.ctx.seq_rm(request.slot)  # staging: empty unless assembly failed half-way
             finally:
                 self._free.append(request.slot)
                 request.slot = -1

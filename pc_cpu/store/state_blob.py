@@ -587,6 +587,81 @@ def _writable_view(out: bytearray | memoryview) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+# --- order -----------------------------------------------------------------------------------
+
+def is_position_ordered(blob: BlobLike) -> bool:
+    """Returns True when every KV cache's cells in `blob` stand in increasing position order."""
+    return all(bool(np.all(np.diff(sec.positions) > 0)) for sec in _layout_parse(blob).sections)
+
+
+def order_by_position(blob: BlobLike) -> BlobLike:
+    """Returns `blob` with each KV cache's cells (records, K rows, V rows or V elements) sorted by position.
+
+    ``llama_state_seq_set_data`` puts a blob's cells into a sequence's empty stream in blob
+    order, from slot 0; attention then sums them in that order. Sorted, a restored prompt
+    sits in its stream exactly as a fresh prefill of the same tokens would, which is what
+    makes cached and fresh results bit-identical (pc_cpu.engine.streams). A blob that is
+    already sorted is returned as it is, uncopied.
+
+    Raises:
+        StateBlobError: the blob is invalid, or two cells of one cache share a position.
+    """
+    lay = _layout_parse(blob)
+    orders = []
+    for index, sec in enumerate(lay.sections):
+        order = np.argsort(sec.positions, kind="stable")
+        if np.any(np.diff(sec.positions[order]) == 0):
+            raise _error("overlap", f"cannot order: section {index} holds two cells at one position")
+        orders.append(order)
+    if all(np.array_equal(order, np.arange(len(order))) for order in orders):
+        return blob
+    out = bytearray(lay.buf)
+    for sec, order in zip(lay.sections, orders):
+        if sec.n_cell == 0:
+            continue
+        _permute_rows(out, lay.buf, sec.cells_off, lay.cell_bytes, order)
+        for rec in sec.k:
+            _permute_rows(out, lay.buf, rec.data_off, rec.row_size, order)
+        for rec in sec.v:
+            if sec.v_trans:  # element-major: n_embd rows of n_cell elements
+                src = np.frombuffer(lay.buf, np.uint8, rec.n_embd * sec.n_cell * rec.el_size, rec.data_off)
+                dst = np.frombuffer(out, np.uint8, rec.n_embd * sec.n_cell * rec.el_size, rec.data_off)
+                dst.reshape(rec.n_embd, sec.n_cell, rec.el_size)[:] = \
+                    src.reshape(rec.n_embd, sec.n_cell, rec.el_size)[:, order, :]
+            else:
+                _permute_rows(out, lay.buf, rec.data_off, rec.row_size, order)
+    return out
+
+
+def _permute_rows(out: bytearray, buf: memoryview, offset: int, row_size: int, order: np.ndarray) -> None:
+    """Writes the len(order) rows of `row_size` bytes at `offset` of `buf` into `out`, in `order`."""
+    n = len(order)
+    src = np.frombuffer(buf, np.uint8, n * row_size, offset).reshape(n, row_size)
+    np.frombuffer(out, np.uint8, n * row_size, offset).reshape(n, row_size)[:] = src[order]
+
+
+def restream(blob: BlobLike, n_stream: int) -> bytearray:
+    """Returns `blob` rewritten for a context with `n_stream` KV streams (its cells in the first).
+
+    llama.cpp refuses a state whose stream count differs from the context's, but restores a
+    sequence's cells into that sequence's own stream whichever stream they were saved from;
+    so a blob saved from the unified library context (1 stream) restores into a prompt
+    context (one stream per sequence) once its counts are rewritten.
+    """
+    if not 1 <= n_stream <= MAX_STREAM:
+        raise _error("argument", f"n_stream={n_stream}: must be 1..{MAX_STREAM}")
+    lay = _layout_parse(blob)
+    out = bytearray(lay.buf[:8])  # magic, sequence id
+    for sec in lay.sections:
+        out += struct.pack("<II", n_stream, sec.n_cell)
+        if sec.n_cell:
+            last = sec.v[-1] if sec.v else sec.k[-1] if sec.k else None
+            end = last.data_off + last.row_size * sec.n_cell if last else sec.cells_off + sec.n_cell * lay.cell_bytes + 8
+            out += lay.buf[sec.cells_off:end]
+        out += bytes(4 * (n_stream - 1))
+    return out
+
+
 # --- relocate --------------------------------------------------------------------------------
 
 def _rope_error(rope: RopeParams) -> str | None:

@@ -35,9 +35,9 @@ PROMPTS = {
 def assembled_positions(cache, prompt):
     plan = cache.plan(prompt)
     cache.prefill(plan, use_cache=True)
-    found = cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 4, probe=cache.ctx.n_seq_max - 1)
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 4)
+    logits = cache.prompts.logits()
+    cache.prompts.seq_rm(PROMPT_SEQ)
     return plan, found, logits
 
 

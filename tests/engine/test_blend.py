@@ -60,8 +60,8 @@ def test_the_cut_down_probe_computes_the_full_models_early_layer(tmp_path, make_
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="all")
     cache.prefill(plan, use_cache=True)
-    pos, k, v = state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), PROBE_LAYERS - 1)
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    pos, k, v = state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), PROBE_LAYERS - 1)
+    cache.prompts.seq_rm(PROMPT_SEQ)
     probe = Probe(cache.model, n_ctx=1024, threads=2, flash_attn=None, directory=tmp_path)
     try:
         assert probe.model.info.n_layer == PROBE_LAYERS
@@ -79,7 +79,7 @@ def test_layer_values_read_the_same_with_v_transposed_or_not(make_cache):
         cache = make_cache(flash_attn=flash)
         cache.load_schema(DOCS)
         cache.prefill(cache.plan(GAP_FREE), use_cache=False)
-        values.append(state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), 1))
+        values.append(state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), 1))
     (p1, k1, v1), (p2, k2, v2) = values
     assert p1.tolist() == p2.tolist()
     assert np.allclose(k1, k2, atol=1e-2) and np.allclose(v1, v2, atol=1e-2) and np.abs(v1).max() > 0
@@ -114,8 +114,8 @@ def test_module_by_module_refresh_recomputes_the_same_cells(make_cache):
     for policy in ("select:40%", "select:40%@module"):
         plan = cache.plan(GAP_FREE, recompute=policy)
         cache.prefill(plan, use_cache=True)
-        found = cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, probe=cache.ctx.n_seq_max - 1)
-        cache.ctx.seq_rm(PROMPT_SEQ)
+        found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2)
+        cache.prompts.seq_rm(PROMPT_SEQ)
         assert found == list(plan.positions)  # every cell in place, none doubled
         chosen[policy] = cache._scheduler.blender.last_selected
     assert chosen["select:40%"] == chosen["select:40%@module"] and chosen["select:40%"]
@@ -127,15 +127,15 @@ def test_selection_recomputes_the_most_deviating_cells_in_place(make_cache):
     plan = cache.plan(GAP_FREE, recompute="select:30%")
     cache.prefill(plan, use_cache=True)
     blender = cache._scheduler.blender
-    found = cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, probe=cache.ctx.n_seq_max - 1)
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2)
+    cache.prompts.seq_rm(PROMPT_SEQ)
     assert found == list(plan.positions)
     assert len(blender.last_selected) == plan.selected_tokens > 0
     # The chosen ones are the largest deviations between the cached cells and the probe's prefill.
     head = type(plan)(plan.schema, plan.ops[:-1], plan.modules)
     cache.prefill(type(plan)(plan.schema, plan.ops, plan.modules), use_cache=True)  # select 0: cached cells
-    cached = state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), PROBE_LAYERS - 1)
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    cached = state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), PROBE_LAYERS - 1)
+    cache.prompts.seq_rm(PROMPT_SEQ)
     candidates = np.array([p for op in head.ops if getattr(op, "module", "#root") != "#root"
                            for p in range(op.start, op.end)])
     scores = deviation(cached, blender.probe.kv(head), candidates)

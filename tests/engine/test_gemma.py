@@ -57,7 +57,7 @@ def test_layer_values_read_every_cell_through_the_sliding_window():
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
         cache.load_schema(SCHEMA)
         plan = cache.plan(PROMPT)
-        cache.prefill(plan, use_cache=False)
+        cache.ctx.decode(plan.tokens, range(len(plan.tokens)), PROMPT_SEQ)  # a full prefill in the library context
         saved = state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), 1, section=1)
         pos, k, v = layer_values(cache.ctx, PROMPT_SEQ, (1, 1), cache.scratch_seq)
         cache.ctx.seq_rm(PROMPT_SEQ)

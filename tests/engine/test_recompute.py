@@ -22,8 +22,8 @@ def test_recomputing_everything_gives_the_full_prefill_logits(make_cache):
     plan = cache.plan(GAP_FREE, recompute="all")
     assert plan.cached_tokens == 0
     cache.prefill(plan, use_cache=True)
-    recomputed = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    recomputed = cache.prompts.logits()
+    cache.prompts.seq_rm(PROMPT_SEQ)
     baseline = prefill_logits(fresh, DOCS, GAP_FREE, use_cache=False)
     assert np.abs(recomputed - baseline).max() == 0.0
     assert (cache.generate(GAP_FREE, max_tokens=8, recompute="all").token_ids
@@ -45,8 +45,8 @@ def test_recomputing_a_tail_changes_the_answer_toward_the_full_prefill(make_cach
     for policy in ("0", "tail:4", "50%", "all"):
         plan = cache.plan(GAP_FREE, recompute=policy)
         cache.prefill(plan, use_cache=True)
-        distances.append(float(np.abs(cache.ctx.logits() - baseline).max()))
-        cache.ctx.seq_rm(PROMPT_SEQ)
+        distances.append(float(np.abs(cache.prompts.logits() - baseline).max()))
+        cache.prompts.seq_rm(PROMPT_SEQ)
     assert distances[-1] == 0.0 and distances[0] > 0.0
 
 
@@ -72,8 +72,8 @@ def test_any_policy_assembles_at_the_layout_positions(trip_cache, policy, name):
     # Unions, nested modules, params and gaps: recomputed tokens never break llama.cpp's position rule.
     plan = trip_cache.plan(PROMPTS[name], recompute=policy)
     trip_cache.prefill(plan, use_cache=True)
-    found = cell_positions(trip_cache.ctx, PROMPT_SEQ, plan.end + 2, probe=trip_cache.ctx.n_seq_max - 1)
-    logits = trip_cache.ctx.logits()
-    trip_cache.ctx.seq_rm(PROMPT_SEQ)
+    found = cell_positions(trip_cache.prompts, PROMPT_SEQ, plan.end + 2)
+    logits = trip_cache.prompts.logits()
+    trip_cache.prompts.seq_rm(PROMPT_SEQ)
     assert found == list(plan.positions)
     assert np.isfinite(logits).all()

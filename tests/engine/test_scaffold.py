@@ -88,9 +88,9 @@ def test_partial_import_uses_the_members_own_cells(make_cache):
     assert plan.encoding_of("b") == "b"
     cache.prefill(plan, use_cache=True)
     probe = cache.ctx.n_seq_max - 1
-    assert cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, probe) == list(plan.positions)
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
+    logits = cache.prompts.logits()
+    cache.prompts.seq_rm(PROMPT_SEQ)
     # The cells came from b's own library sequence: the same logits as a cache that has no scaffold.
     apart = prefill_logits(make_cache(), APART, f'<prompt schema="s"><b/><other/>{QUESTION}</prompt>', use_cache=True)
     assert np.allclose(logits, apart, atol=1e-3)
@@ -132,9 +132,9 @@ def test_gapped_scaffold_assembles_at_the_layout_positions(make_cache):
     assert [type(op) for op in plan.ops] == [CopyCells, DecodeTokens, CopyCells, DecodeTokens]
     assert plan.ops[2].start == layout.modules["b"].start and plan.ops[2].source == "scaffold:both"
     cache.prefill(plan, use_cache=True)
-    assert cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, cache.ctx.n_seq_max - 1) == list(plan.positions)
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ)
+    assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
+    logits = cache.prompts.logits()
+    cache.prompts.seq_rm(PROMPT_SEQ)
     assert np.isfinite(logits).all()
     again = prefill_logits(make_cache(), GAPPED, f'<prompt schema="g"><both/>{QUESTION}</prompt>', use_cache=True)
     assert np.array_equal(logits, again)

@@ -96,9 +96,10 @@ def test_a_prompt_that_cannot_fit_fails_alone(make_cache):
     assert len(list(ok)) > 0 and ok.result.finish_reason in ("stop", "length")
 
 
-def test_requests_wait_for_cells_and_then_run(make_cache):
-    # Each reserves ~420 cells (prompt + 400 tokens), so only two fit in 1,024 at once: the rest wait.
-    cache = make_cache(parallel=4)
+def test_requests_wait_for_a_free_slot_and_then_run(make_cache):
+    # Each prompt slot has a stream of its own (n_ctx cells), so four 420-token answers that would
+    # not fit in one 1,024-cell pool run side by side in two slots, and the other two wait their turn.
+    cache = make_cache(parallel=2)
     cache.load_schema(SCHEMA)
     streams = [cache.stream(prompt(q), max_tokens=400) for q in QUESTIONS[:4]]
     results = [("".join(s), s.result)[1] for s in streams]

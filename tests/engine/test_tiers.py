@@ -62,7 +62,7 @@ def test_restored_cells_sit_at_the_layout_positions(make_cache, store_dir):
     plan = cache.plan(prompt("c"))
     assert cache.prepare(plan, use_cache=True)["c"] == "disk"
     cache.prefill(plan, use_cache=True)
-    assert cell_positions(cache.ctx, PROMPT_SEQ, plan.end + 2, probe=cache.ctx.n_seq_max - 1) == list(plan.positions)
+    assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
 
 
 def damage_flip(path):

@@ -1,0 +1,69 @@
+"""Moves an assembled prompt into its own stream, in position order, where it is finished and generated.
+
+Why: attention sums a sequence's cells in KV-slot order. In the library context
+(one unified pool) a prompt's shared module cells sit wherever they were encoded
+or restored, between other modules' cells, so the same tokens summed in another
+order gave other logits (up to 0.6 apart on SmolLM2) and, at near-ties, other
+answers depending on which tier had served a module and what else was resident.
+
+So prompts run in a second context whose KV cache is not unified: every prompt
+slot is a stream of its own, filled from slot 0. A prompt's shared cells are
+assembled in the library context as before (sharing, parameters, recomputation),
+then read out as one state blob, sorted by position and restored into the
+prompt's empty stream. Its own text is then computed there, after them, and its
+tokens generated there. The stream holds exactly the prompt's cells in position
+order, as a fresh prefill of the same tokens would (the full prefill runs in the
+same kind of stream), so:
+
+- the same cells give the same answer whichever tier served them;
+- a module that a full prefill would compute identically (a prefix) gives
+  bit-identical logits, whatever else is resident;
+- a prompt's decode attends to its own cells only, however large the library.
+
+The library context keeps what prompts share; each stream holds one private copy
+of what its prompt uses (copying 95 MB costs milliseconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
+from pc_cpu.store import state_blob
+
+
+def split_tail(plan: Plan) -> tuple[Plan, tuple[DecodeTokens, ...]]:
+    """Returns the plan up to its last shared cells, and the decodes after them (the prompt's own text).
+
+    The head is assembled in the library context, where module cells can be shared; the
+    tail is computed in the prompt's stream. A plan that shares nothing is all tail.
+    """
+    copies = [i for i, op in enumerate(plan.ops) if isinstance(op, CopyCells)]
+    cut = copies[-1] + 1 if copies else 0
+    head = Plan(plan.schema, plan.ops[:cut], plan.modules, plan.select, plan.select_by_module)
+    return head, tuple(plan.ops[cut:])
+
+
+def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, *, scratch: int,
+                   shifted: bool) -> None:
+    """Moves the cells of `library`'s sequence `staging` into `prompts`' empty stream `slot`, sorted by position.
+
+    `shifted`: some staging cells were moved with seq_add (a parameter after a gap), so
+    their K rotation is still pending in llama.cpp and is applied first (in `scratch`).
+    The staging sequence is emptied; the cells it shared stay with their libraries.
+    """
+    try:
+        if shifted:
+            apply_pending_shifts(library, scratch)
+        blob = library.state_get(staging)
+    finally:
+        library.seq_rm(staging)
+    prompts.seq_rm(slot)
+    prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(blob), prompts.n_seq_max))
+
+
+def open_prompt_streams(library: Context, streams: int) -> Context:
+    """Returns a context like `library` whose `streams` sequences each own a stream of library.n_ctx cells."""
+    return Context(library.model, replace(library.config, n_ctx=library.n_ctx, n_seq_max=streams, kv_unified=False))
