@@ -26,6 +26,7 @@ from typing import Iterator, Sequence
 
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context, ContextConfig
+from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
@@ -95,7 +96,7 @@ class PromptCache:
             self.model.close()
             raise
         try:
-            self.prompts = open_prompt_streams(self.ctx, parallel)
+            self.prompts = open_prompt_streams(self.ctx, parallel + 1)  # the last stream is the encoders' workspace
         except Exception:
             self.ctx.close()
             self.model.close()
@@ -107,8 +108,10 @@ class PromptCache:
         self.scratch_seq = parallel
         self._resident = ResidentTier(list(range(parallel + 2, n_seq_max)))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+        # Sliding-window models keep encoding in the library: their long runs rely on the pin there.
+        workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
-                                   mode=self.encoding)
+                                   mode=self.encoding, workspace=workspace)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock)
 

@@ -75,6 +75,7 @@ class Context:
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx)  # positions (and cells) one sequence can hold
         self.kv_unified = config.kv_unified
+        self.n_stream = 1 if config.kv_unified else config.n_seq_max  # KV streams, as state blobs count them
         self.n_seq_max = config.n_seq_max
         self.n_batch = config.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)

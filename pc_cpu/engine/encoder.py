@@ -4,24 +4,42 @@ from __future__ import annotations
 
 from typing import Callable
 
+from dataclasses import dataclass
+
 from pc_cpu.engine.context import Context
 from pc_cpu.errors import EngineError
-from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, ScaffoldJob, encode_jobs, scaffold_job
+from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, scaffold_job
 from pc_cpu.pml.layout import Layout
+from pc_cpu.store import state_blob
 from pc_cpu.store.resident import ResidentTier
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """An empty stream of a non-unified context where encodings are computed from slot 0 (see encode_module)."""
+
+    ctx: Context
+    seq: int
+
+
 def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scratch: int, library: int, pin: int,
-                  library_of: Callable[[str], int | None]) -> None:
+                  library_of: Callable[[str], int | None], workspace: Workspace | None = None) -> None:
     """Computes `module`'s cells at its layout positions and shares them into `library` and `pin`.
 
-    Each run is decoded in the empty `scratch` sequence after its context: shared
-    from resident modules when it lies right before the run, else computed there
-    too (an empty sequence accepts any first position). Only the run's cells are
-    kept, a batch at a time as they are computed (see `pin_cells`); emptying the
-    scratch frees the rest.
+    With a `workspace` (models without a sliding window), a run that needs no neighbour's
+    cells is computed there after its context, from slot 0 of an empty stream, exactly as a
+    full prefill lays them out, and restored into the library (`_encode_in_workspace`): its
+    cells then do not depend on where other cells sit in the library, so every process
+    computes the same bytes. Otherwise each run is decoded in the empty `scratch` sequence
+    after its context: shared from resident modules when it lies right before the run, else
+    computed there too (an empty sequence accepts any first position). Only the run's cells
+    are kept, a batch at a time as they are computed (see `pin_cells`); emptying the scratch
+    frees the rest.
     """
     for job in encode_jobs(layout, module, mode):
+        if workspace is not None and job.after is None:
+            _encode_in_workspace(ctx, job, workspace, scratch=scratch, library=library, pin=pin)
+            continue
         ctx.seq_rm(scratch)
 
         def keep(a: int, b: int) -> None:
@@ -33,6 +51,33 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
                                   library_of, keep, must_share=job.after is not None)
         finally:
             ctx.seq_rm(scratch)
+
+
+def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, scratch: int, library: int,
+                         pin: int) -> None:
+    """Computes the job's context and run in the workspace's empty stream, then shares the run's cells into `library`.
+
+    Why not share the context from the library: attention sums cells in slot order, and
+    library cells sit wherever earlier encodings, evictions and restores left room, so the
+    same run computed there could differ in its last bits from one history to another.
+    """
+    work, seq = workspace.ctx, workspace.seq
+    run = job.run
+    work.seq_rm(seq)
+    try:
+        work.decode(job.context + run.tokens, range(job.first_position, run.end), seq, logits_last=False)
+        if job.context:
+            work.seq_rm(seq, job.first_position, run.start)
+        blob = state_blob.restream(work.state_get(seq), ctx.n_stream)
+    finally:
+        work.seq_rm(seq)
+    ctx.seq_rm(scratch)
+    try:
+        ctx.state_set(scratch, blob)
+        ctx.seq_cp(scratch, library, run.start, run.end)
+        ctx.seq_cp(scratch, pin, run.start, run.end)
+    finally:
+        ctx.seq_rm(scratch)
 
 
 def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: int) -> None:
@@ -131,11 +176,12 @@ def apply_pending_shifts(ctx: Context, scratch: int) -> None:
 
 
 def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int, pin: int,
-               library_of: Callable[[str], int | None]) -> None:
+               library_of: Callable[[str], int | None], workspace: Workspace | None = None) -> None:
     """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions."""
     if key.startswith(SCAFFOLD_PREFIX):
         job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
         if job is not None:
             encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of)
     else:
-        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of)
+        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of,
+                      workspace=workspace)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import encode_key, pin_cells
+from pc_cpu.engine.encoder import Workspace, encode_key, pin_cells
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError, StoreError
 from pc_cpu.pml.encoding import encoded_after, encoding_keys, encoding_runs, scratch_cells
 from pc_cpu.pml.layout import ROOT, Layout, Run
@@ -38,8 +38,9 @@ class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
     def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
-                 mode: str):
+                 mode: str, workspace: Workspace | None = None):
         self.ctx = ctx
+        self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
         self.resident = resident
         self.store = store
         self.scratch = scratch
@@ -81,7 +82,7 @@ class ModuleCache:
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
-                       library_of=lambda other: self.resident.get((layout.schema, other)))
+                       library_of=lambda other: self.resident.get((layout.schema, other)), workspace=self.workspace)
             self.encoded += 1
         except Exception:
             self._drop(resident_key)

@@ -61,7 +61,7 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, 
     finally:
         library.seq_rm(staging)
     prompts.seq_rm(slot)
-    prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(blob), prompts.n_seq_max))
+    prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(blob), prompts.n_stream))
 
 
 def open_prompt_streams(library: Context, streams: int) -> Context:
