@@ -185,7 +185,7 @@ class ModuleCache:
     # --- bytes in and out -----------------------------------------------------
 
     def _save(self, store_key: StoreKey, library: int, runs: tuple[Run, ...]) -> None:
-        """Writes the encoding's state bytes through to every byte tier (the store's policy; best effort, logged)."""
+        """Writes the encoding's state bytes through to every byte tier (best effort, logged)."""
         if self.store is None or not runs:
             return
         blobs = [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]

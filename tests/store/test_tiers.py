@@ -1,4 +1,4 @@
-"""TieredStore([ram, disk]): write-through on put, which tier serves, promotion on hit, demotion on eviction, prefetch."""
+"""TieredStore([ram, disk]): write-through on put, the serving tier, promotion on hit, demotion on eviction."""
 
 from __future__ import annotations
 
