@@ -22,6 +22,18 @@ def tiers(store_dir):
     return TieredStore([ram, disk]), ram, disk
 
 
+@pytest.fixture
+def full_disk(monkeypatch, caplog):
+    """Makes every disk write fail with ENOSPC until `.undo()`; warnings are captured. Returns the monkeypatch."""
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    caplog.set_level(logging.WARNING)
+    return monkeypatch
+
+
 def modules(store) -> list[str]:
     return [k.module for k in store.keys()]
 
@@ -48,16 +60,10 @@ def test_ram_keeps_the_most_recent_while_disk_keeps_everything(tiers):
     assert store.get(key("b")) == Hit(entry(P, 2), "disk")
 
 
-def test_a_ram_eviction_is_demoted_to_a_disk_that_refused_it(tiers, monkeypatch, caplog):
+def test_a_ram_eviction_is_demoted_to_a_disk_that_refused_it(tiers, full_disk, caplog):
     store, ram, disk = tiers
-
-    def crash(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", crash)
-    caplog.set_level(logging.WARNING)
     assert store.put(key("a"), entry(P, 1)) == ("ram",)  # the disk was full for a moment
-    monkeypatch.undo()
+    full_disk.undo()
     assert any("not stored in disk" in r.getMessage() for r in caplog.records)
     store.put(key("b"), entry(P, 2))
     assert modules(disk) == ["b"]
@@ -158,18 +164,12 @@ def test_prefetch_of_a_group_larger_than_ram_warns(tiers, caplog):
     assert ram.bytes_used <= ram.budget_bytes
 
 
-def test_failed_demotion_is_logged_and_dropped(tiers, monkeypatch, caplog):
+def test_failed_demotion_is_logged_and_dropped(tiers, full_disk, caplog):
     store, ram, disk = tiers
-
-    def crash(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", crash)
-    caplog.set_level(logging.WARNING)
     store.put(key("a"), entry(P))
     store.put(key("b"), entry(P))
     assert store.put(key("c"), entry(P)) == ("ram",)  # a is evicted and cannot be written
-    monkeypatch.undo()
+    full_disk.undo()
     assert modules(ram) == ["b", "c"] and modules(disk) == []
     assert any("could not demote" in r.getMessage() for r in caplog.records)
     assert store.get(key("a")) is None  # a miss: the engine re-encodes
