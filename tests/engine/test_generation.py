@@ -50,6 +50,9 @@ def test_top_k_one_is_greedy(cache):
 
 @pytest.mark.parametrize("options, message", [
     ({"temperature": -1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature=nan"),
+    ({"temperature": float("inf")}, "temperature=inf"),
+    ({"top_p": float("nan")}, "top_p=nan"),
     ({"top_p": 0}, "top_p"),
     ({"top_k": -2}, "top_k"),
     ({"max_tokens": 0}, "max_tokens"),

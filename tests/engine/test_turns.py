@@ -1,34 +1,66 @@
-"""FairLock: reentrant, and granted in arrival order even against a thread that keeps asking."""
+"""FairLock: reentrant, and granted in arrival order even against a thread that keeps asking.
+
+What another thread does is collected and asserted on in the test's own thread: an assert that
+fails inside a thread only prints a warning.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 
-import pytest
-
 from pc_cpu.engine.turns import FairLock
 
 
-def test_reentrant_and_released_only_by_its_owner():
+def raised_in_another_thread(fn) -> BaseException | None:
+    """Returns what `fn` raised when run in a new thread (None if it returned), once that thread ended."""
+    raised = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test's thread, which asserts on it
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), f"{fn} did not return within 10 s"
+    return raised[0] if raised else None
+
+
+def test_only_the_owner_can_release():
     lock = FairLock()
     with lock:
+        error = raised_in_another_thread(lock.release)
+        assert isinstance(error, RuntimeError) and "does not hold it" in str(error)
+    assert raised_in_another_thread(lambda: lock.acquire() and lock.release()) is None  # free again
+
+
+def test_reentrant_and_free_only_after_the_outermost_release():
+    lock = FairLock()
+    taken = threading.Event()
+
+    def take():
         with lock:
-            pass
-        other = threading.Thread(target=lambda: pytest.raises(RuntimeError, lock.release))
-        other.start()
-        other.join()
-    with lock:  # fully released above: can be taken again
-        pass
+            taken.set()
+
+    other = threading.Thread(target=take)
+    with lock:
+        with lock:
+            other.start()
+        assert not taken.wait(0.1)  # still held after the inner release
+    assert taken.wait(10)  # the outer release lets the other thread in
+    other.join(timeout=10)
 
 
 def test_a_waiting_thread_gets_in_between_a_busy_threads_turns():
     lock = FairLock()
     stop = threading.Event()
-    turns_while_waiting = []
+    deadline = time.monotonic() + 5  # an unfair lock makes the test fail after 5 s, not hang
 
     def busy():
-        while not stop.is_set():
+        while not stop.is_set() and time.monotonic() < deadline:
             with lock:
                 time.sleep(0.002)
 
@@ -37,7 +69,7 @@ def test_a_waiting_thread_gets_in_between_a_busy_threads_turns():
     time.sleep(0.02)
     started = time.perf_counter()
     with lock:
-        turns_while_waiting.append(time.perf_counter() - started)
+        waited = time.perf_counter() - started
     stop.set()
-    worker.join()
-    assert turns_while_waiting[0] < 0.5  # one of the busy thread's turns, not "until it stops"
+    worker.join(timeout=10)
+    assert waited < 0.5  # one of the busy thread's turns, not "until it stops"

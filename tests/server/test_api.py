@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pc_cpu.errors import PromptCacheError
@@ -127,6 +129,19 @@ def test_bad_pml_is_400_with_the_library_message(client, stream):
 def test_bad_sampling_option_is_400(client):
     error = _error(client.post("/v1/completions", json={"prompt": DOC_PROMPT, "temperature": -1}), 400)
     assert "temperature" in error["message"]
+
+
+@pytest.mark.parametrize("url, field, value", [
+    ("/v1/completions", "temperature", "NaN"),
+    ("/v1/completions", "top_p", "Infinity"),
+    ("/v1/chat/completions", "temperature", "-Infinity"),
+])
+def test_a_sampling_option_that_is_not_a_finite_number_is_422(client, url, field, value):
+    body = ('{"prompt": %s, "schema": "c", "messages": [{"role": "user", "content": "hi"}], "%s": %s}'
+            % (json.dumps(DOC_PROMPT), field, value))  # raw: NaN is not JSON, but Python's parser reads it
+    error = _error(client.post(url, content=body, headers={"content-type": "application/json"}), 422)
+    assert error["type"] == "RequestValidationError"
+    assert f"body.{field}: Input should be a finite number" in error["message"]
 
 
 def test_unknown_schema_in_chat_is_400_naming_the_loaded_ones(client):

@@ -1,4 +1,4 @@
-"""TieredStore([ram, disk]): which tier serves, promotion on hit, demotion on eviction, prefetch."""
+"""TieredStore([ram, disk]): write-through on put, the serving tier, promotion on hit, demotion on eviction."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-from pc_cpu.errors import EntryTooLargeError
 from pc_cpu.store.disk import DiskStore
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.tiers import Hit, TieredStore
@@ -23,29 +22,54 @@ def tiers(store_dir):
     return TieredStore([ram, disk]), ram, disk
 
 
+@pytest.fixture
+def full_disk(monkeypatch, caplog):
+    """Makes every disk write fail with ENOSPC until `.undo()`; warnings are captured. Returns the monkeypatch."""
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    caplog.set_level(logging.WARNING)
+    return monkeypatch
+
+
 def modules(store) -> list[str]:
     return [k.module for k in store.keys()]
 
 
-def test_put_goes_to_the_first_tier(tiers):
+def test_put_writes_through_to_every_tier(tiers):
     store, ram, disk = tiers
-    assert store.put(key("a"), entry(P)) == "ram"
-    assert modules(ram) == ["a"] and modules(disk) == []
+    assert store.put(key("a"), entry(P)) == ("ram", "disk")
+    assert modules(ram) == ["a"] and modules(disk) == ["a"]
     assert store.get(key("a")) == Hit(entry(P), "ram")
     assert store.get(key("nope")) is None
     assert store.contains(key("a")) and not store.contains(key("nope"))
 
 
-def test_ram_evictions_are_demoted_to_disk_in_order(tiers):
+def test_ram_keeps_the_most_recent_while_disk_keeps_everything(tiers):
     store, ram, disk = tiers
     store.put(key("a"), entry(P, 1))
     store.put(key("b"), entry(P, 2))
     store.get(key("a"))  # b is now the least recently used
     store.put(key("c"), entry(P, 3))
-    assert modules(ram) == ["a", "c"] and modules(disk) == ["b"]
+    assert modules(ram) == ["a", "c"] and modules(disk) == ["a", "b", "c"]
     store.put(key("d"), entry(P, 4))
-    assert modules(ram) == ["c", "d"] and modules(disk) == ["b", "a"]
-    assert ram.bytes_used == 2 * P
+    assert modules(ram) == ["c", "d"] and modules(disk) == ["a", "b", "c", "d"]
+    assert ram.bytes_used == 2 * P and disk.bytes_used > 4 * P
+    assert store.get(key("b")) == Hit(entry(P, 2), "disk")
+
+
+def test_a_ram_eviction_is_demoted_to_a_disk_that_refused_it(tiers, full_disk, caplog):
+    store, ram, disk = tiers
+    assert store.put(key("a"), entry(P, 1)) == ("ram",)  # the disk was full for a moment
+    full_disk.undo()
+    assert any("not stored in disk" in r.getMessage() for r in caplog.records)
+    store.put(key("b"), entry(P, 2))
+    assert modules(disk) == ["b"]
+    store.put(key("c"), entry(P, 3))  # evicts a from RAM: written to disk now, before c
+    assert modules(ram) == ["b", "c"] and modules(disk) == ["b", "a", "c"]
+    assert store.get(key("a")) == Hit(entry(P, 1), "disk")
 
 
 def test_disk_hit_is_promoted_and_keeps_its_disk_copy(tiers):
@@ -53,8 +77,8 @@ def test_disk_hit_is_promoted_and_keeps_its_disk_copy(tiers):
     for name in "abc":
         store.put(key(name), entry(P))  # a demoted to disk
     assert store.get(key("a")) == Hit(entry(P), "disk")
-    assert modules(ram) == ["c", "a"]  # promoted; b evicted from ram...
-    assert modules(disk) == ["a", "b"]  # ...and demoted, while a's disk copy stays
+    assert modules(ram) == ["c", "a"]  # promoted; b evicted from ram, its disk copy stays...
+    assert modules(disk) == ["b", "c", "a"]  # ...as does a's (touched by the read)
     assert store.get(key("a")) == Hit(entry(P), "ram")
 
 
@@ -62,29 +86,32 @@ def test_demotion_skips_what_disk_already_holds(tiers, monkeypatch):
     store, ram, disk = tiers
     for name in "abc":
         store.put(key(name), entry(P))
-    store.get(key("a"))  # promoted from disk, evicting b to disk
     writes = []
     real_put = disk.put
     monkeypatch.setattr(disk, "put", lambda k, e: writes.append(k.module) or real_put(k, e))
-    store.get(key("b"))  # promotes b, evicts c (not on disk) ...
-    store.get(key("a"))  # ... a is in ram already
-    store.put(key("d"), entry(P))  # evicts b, already on disk: no write
-    assert writes == ["c"]
-    assert modules(ram) == ["a", "d"]
+    store.get(key("a"))  # promoted from disk, evicting b, which is on disk: no write
+    store.get(key("b"))  # promoted, evicting c: no write
+    store.put(key("d"), entry(P))  # evicts a: no write; d itself is written through
+    assert writes == ["d"]
+    assert modules(ram) == ["b", "d"]
 
 
 def test_entry_too_large_for_ram_goes_to_disk(tiers):
     store, ram, disk = tiers
-    assert store.put(key("big"), entry(5 * P)) == "disk"
+    assert store.put(key("big"), entry(5 * P)) == ("disk",)
     assert modules(ram) == [] and modules(disk) == ["big"]
     assert store.get(key("big")) == Hit(entry(5 * P), "disk")  # too large to promote: still served
     assert modules(ram) == []
 
 
-def test_entry_too_large_for_every_tier_is_refused(store_dir):
+def test_entry_too_large_for_every_tier_is_logged_and_not_stored(store_dir, caplog):
     store = TieredStore([RamStore(10), DiskStore(store_dir, budget_bytes=20)])
-    with pytest.raises(EntryTooLargeError, match="disk budget of 20 bytes"):
-        store.put(key("a"), entry(P))
+    caplog.set_level(logging.WARNING)
+    assert store.put(key("a"), entry(P)) == ()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("not stored in disk" in m and "disk budget of 20 bytes" in m for m in messages)
+    assert any("not stored in ram" in m for m in messages)
+    assert store.get(key("a")) is None  # a miss: the engine keeps the encoding resident or re-encodes it
 
 
 def test_remove_forgets_every_tier(tiers):
@@ -104,7 +131,7 @@ def test_a_second_process_is_served_from_disk(tiers, store_dir):
     later = TieredStore([RamStore(10 * P), DiskStore(store_dir)])
     assert later.get(key("a")) == Hit(entry(P), "disk")
     assert later.get(key("a")) == Hit(entry(P), "ram")
-    assert later.get(key("c")) is None  # never left the first process's RAM (write-back)
+    assert later.get(key("c")) == Hit(entry(P), "disk")  # still in the first process's RAM: written through
 
 
 def test_prefetch_loads_a_group_together(tiers):
@@ -114,7 +141,7 @@ def test_prefetch_loads_a_group_together(tiers):
     served = store.prefetch([key("a"), key("b"), key("x")])
     assert served == {key("a"): "disk", key("b"): "disk", key("x"): None}
     assert modules(ram) == ["a", "b"]
-    assert modules(disk) == ["a", "b", "c", "d"]
+    assert modules(disk) == ["c", "d", "a", "b"]  # a and b touched by the read
 
 
 def test_prefetch_touches_members_already_in_ram_first(tiers):
@@ -137,19 +164,13 @@ def test_prefetch_of_a_group_larger_than_ram_warns(tiers, caplog):
     assert ram.bytes_used <= ram.budget_bytes
 
 
-def test_failed_demotion_is_logged_and_dropped(tiers, monkeypatch, caplog):
+def test_failed_demotion_is_logged_and_dropped(tiers, full_disk, caplog):
     store, ram, disk = tiers
     store.put(key("a"), entry(P))
     store.put(key("b"), entry(P))
-
-    def crash(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", crash)
-    caplog.set_level(logging.WARNING)
-    assert store.put(key("c"), entry(P)) == "ram"  # a is evicted and cannot be written
-    monkeypatch.undo()
-    assert modules(ram) == ["b", "c"] and not disk.contains(key("a"))
+    assert store.put(key("c"), entry(P)) == ("ram",)  # a is evicted and cannot be written
+    full_disk.undo()
+    assert modules(ram) == ["b", "c"] and modules(disk) == []
     assert any("could not demote" in r.getMessage() for r in caplog.records)
     assert store.get(key("a")) is None  # a miss: the engine re-encodes
 
@@ -171,6 +192,15 @@ def test_three_tiers_cascade(store_dir):
     store = TieredStore([small, big, disk])
     for name in "abcd":
         store.put(key(name), entry(P))
-    assert modules(small) == ["d"] and modules(big) == ["b", "c"] and modules(disk) == ["a"]
-    assert store.get(key("a")) == Hit(entry(P), "disk")
-    assert modules(small) == ["a"] and modules(big) == ["c", "d"] and modules(disk) == ["a", "b"]
+    assert modules(small) == ["d"] and modules(big) == ["c", "d"] and modules(disk) == ["a", "b", "c", "d"]
+    assert store.get(key("a")) == Hit(entry(P), "disk")  # promoted to the first tier only
+    assert modules(small) == ["a"] and modules(big) == ["c", "d"] and modules(disk) == ["b", "c", "d", "a"]
+
+
+def test_three_tiers_demote_what_a_middle_tier_lacks(store_dir):
+    small, big, disk = RamStore(P), RamStore(2 * P, name="ram2"), DiskStore(store_dir)
+    store = TieredStore([small, big, disk])
+    store.put(key("a"), entry(P))
+    big.remove(key("a"))  # as if ram2 had evicted it
+    store.put(key("b"), entry(P))  # small evicts a: demoted into ram2, which lacks it
+    assert modules(small) == ["b"] and modules(big) == ["a", "b"] and modules(disk) == ["a", "b"]
