@@ -10,16 +10,18 @@ from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, ScaffoldJob, encode_jobs, scaff
 from pc_cpu.pml.layout import Layout
 from pc_cpu.store.resident import ResidentTier
 
+OnComputed = Callable[[int], None]  # receives the number of an encoding's tokens one decode batch computed
+
 
 def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scratch: int, library: int, pin: int,
-                  library_of: Callable[[str], int | None]) -> None:
+                  library_of: Callable[[str], int | None], on_computed: OnComputed | None = None) -> None:
     """Computes `module`'s cells at its layout positions and shares them into `library` and `pin`.
 
     Each run is decoded in the empty `scratch` sequence after its context: shared
     from resident modules when it lies right before the run, else computed there
     too (an empty sequence accepts any first position). Only the run's cells are
     kept, a batch at a time as they are computed (see `pin_cells`); emptying the
-    scratch frees the rest.
+    scratch frees the rest. on_computed(n) hears of each batch's n module tokens.
     """
     for job in encode_jobs(layout, module, mode):
         ctx.seq_rm(scratch)
@@ -27,6 +29,8 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
         def keep(a: int, b: int) -> None:
             ctx.seq_cp(scratch, library, a, b)
             ctx.seq_cp(scratch, pin, a, b)
+            if on_computed is not None:
+                on_computed(b - a)
 
         try:
             _decode_after_context(ctx, scratch, job.shared_context, job.context, job.run.tokens, job.run.start,
@@ -85,7 +89,7 @@ def _decode_after_context(ctx: Context, scratch: int, shared_context, context: t
 
 
 def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int, pin: int,
-                    library_of: Callable[[str], int | None]) -> None:
+                    library_of: Callable[[str], int | None], on_computed: OnComputed | None = None) -> None:
     """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
 
     The runs are decoded back to back in the empty `scratch` sequence after the
@@ -97,13 +101,19 @@ def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: in
     than copying them, so the library gets the move too, and `apply_pending_shifts`
     forces it before this returns (state blobs read later must hold rotated K).
     If this raises, the pin may hold cells anywhere in the scaffold's span: the
-    caller re-pins that span (`pin_cells`).
+    caller re-pins that span (`pin_cells`). on_computed(n) hears of each batch's n member tokens.
     """
+
+    def keep(a: int, b: int) -> None:
+        ctx.seq_cp(scratch, pin, a, b)
+        if on_computed is not None:
+            on_computed(b - a)
+
     ctx.seq_rm(scratch)
     moved = False
     try:
         _decode_after_context(ctx, scratch, job.shared_context, job.context, job.tokens, job.runs[0].start,
-                              library_of, lambda a, b: ctx.seq_cp(scratch, pin, a, b), must_share=job.after is not None)
+                              library_of, keep, must_share=job.after is not None)
         # Last run first: each moves forward onto positions no run still to move occupies.
         for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
             if run.start != computed:
@@ -131,11 +141,17 @@ def apply_pending_shifts(ctx: Context, scratch: int) -> None:
 
 
 def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int, pin: int,
-               library_of: Callable[[str], int | None]) -> None:
-    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions."""
+               library_of: Callable[[str], int | None], on_computed: OnComputed | None = None) -> None:
+    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions.
+
+    on_computed(n), when given, is called after each llama_decode batch with the n tokens of
+    the encoding it computed (not the context computed before them): the progress of long encodings.
+    """
     if key.startswith(SCAFFOLD_PREFIX):
         job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
         if job is not None:
-            encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of)
+            encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of,
+                            on_computed=on_computed)
     else:
-        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of)
+        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of,
+                      on_computed=on_computed)
