@@ -67,7 +67,7 @@ class ProgressTracker:
         self._done_keys = 0
         self._done_tokens = 0  # of finished encodings
         self._current = 0  # tokens computed so far of the encoding under way
-        self.last = self._event(next(iter(self._tokens_by_key), ""))
+        self.last = self._event(next(iter(self._tokens_by_key), ""), 0.0)  # nothing done yet
 
     def computed(self, key: str, n_tokens: int) -> None:
         """Counts `n_tokens` more computed tokens of encoding `key` and reports."""
@@ -82,11 +82,10 @@ class ProgressTracker:
         self._emit(key)
 
     def _emit(self, key: str) -> None:
-        self.last = self._event(key)
+        self.last = self._event(key, self._clock() - self._start)
         if self._callback is not None:
             self._callback(self.last)
 
-    def _event(self, key: str) -> EncodeProgress:
+    def _event(self, key: str, seconds: float) -> EncodeProgress:
         return EncodeProgress(self.schema, key, self._done_keys, len(self._tokens_by_key),
-                              self._done_tokens + self._current, sum(self._tokens_by_key.values()),
-                              self._clock() - self._start)
+                              self._done_tokens + self._current, sum(self._tokens_by_key.values()), seconds)
