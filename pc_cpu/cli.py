@@ -60,7 +60,7 @@ store_option = click.option("--store", "store_dir", type=click.Path(file_okay=Fa
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--verbose", is_flag=True, help="Show the traceback of an error (for any command).")
+@click.option("--verbose", is_flag=True, help="Show the traceback of an error, for any command (pc-cpu --verbose CMD).")
 def cli(verbose) -> None:
     """Prompt Cache on llama.cpp: reuse encoded prompt modules for fast time-to-first-token on CPUs."""
 
@@ -328,9 +328,9 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"no space left on the device{where}; free some space or choose another directory"
     if isinstance(exc, OSError):
-        return f"{exc.strerror or exc}{where}; check that path (run with --verbose for the traceback)"
-    return (f"{type(exc).__name__}: {exc} (unexpected: run again with --verbose for the traceback and report "
-            "it as a bug)")
+        return f"{exc.strerror or exc}{where}; check that path (`pc-cpu --verbose ...` shows the traceback)"
+    return (f"{type(exc).__name__}: {exc} (unexpected here: check the command's input; `pc-cpu --verbose ...` "
+            "shows the traceback; if the input is right, report it as a bug)")
 
 
 if __name__ == "__main__":
