@@ -231,3 +231,15 @@ def test_any_other_exception_under_a_command_is_one_error_line(tmp_path, capsys)
     assert_one_error_line(code, err, "JSONDecodeError", "--verbose")
     code, _, err = run_main(["--verbose", "bench", "summary", str(records)], capsys)
     assert code == 2 and "Traceback" in err
+
+
+def test_run_says_when_a_long_prefill_is_coming(tiny_model_path, tmp_path, capsys):
+    schema = tmp_path / "long.pml"
+    schema.write_text('<schema name="long"><module name="doc">' + " ".join(f"fact {i}." for i in range(150))
+                      + "</module></schema>")
+    args = ["run", '<prompt schema="long"><doc/> So:</prompt>', "--schema", str(schema), "--model",
+            str(tiny_model_path), "--max-tokens", "1", "--n-ctx", "2048", "--no-store"]
+    code, _, err = run_main(args + ["--no-cache"], capsys)
+    assert code == 0 and "computing " in err and " prompt tokens before the first answer token" in err
+    code, _, err = run_main(args, capsys)  # cached: only a few tokens to compute
+    assert code == 0 and "computing " not in err

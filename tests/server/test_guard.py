@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import httpx
 import pytest
@@ -70,6 +71,12 @@ def test_a_body_over_the_limit_is_a_413_naming_the_flag(server_cache):
 
         refused = httpx.post(server.base_url + "/v1/schemas", content=chunks(), timeout=30)
         assert refused.status_code == 413 and "--max-body-bytes" in refused.text
+
+        # A declared length over the limit is refused at once, without waiting for a body never sent.
+        with socket.create_connection((server.host, server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000000000\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
 
 
 def test_schemas_beyond_the_limit_are_refused_until_one_is_deleted(make_cache, caplog):
