@@ -96,7 +96,7 @@ def main() -> None:
     plan = pc.plan(prompt)
     base = statistics.median(times["full_prefill"])
     report = {
-        "model": pc.model.info.description, "threads": pc.ctx.threads, "repeats": args.repeats,
+        "model": pc.model.path.name, "threads": pc.ctx.threads, "repeats": args.repeats,
         "plain": args.plain, "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
         "encode_s": round(encode_s, 2),
         "store_mib": round(sum(p.stat().st_size for p in store_dir.glob("*.pcs")) / 2**20, 1),

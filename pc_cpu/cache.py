@@ -43,6 +43,7 @@ from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.roles import markup_from_template
 from pc_cpu.pml.schema import Schema, parse_schema
+from pc_cpu.progress import ProgressCallback, ProgressTracker
 from pc_cpu.result import Result
 from pc_cpu.store.disk import DiskStore, default_store_dir
 from pc_cpu.store.ram import RamStore
@@ -134,10 +135,16 @@ class PromptCache:
 
     # --- schemas ------------------------------------------------------------
 
-    def load_schema(self, pml: str, *, encode: bool = True) -> Schema:
+    def load_schema(self, pml: str, *, encode: bool = True, progress: ProgressCallback | None = None) -> Schema:
         """Returns the parsed schema after laying it out and (by default) encoding its modules.
 
         Loading a schema with a name already loaded replaces it (unchanged text is a no-op).
+
+        Args:
+            pml: the schema's PML text.
+            encode: False only lays it out; prompts then encode the modules they import.
+            progress: called with an EncodeProgress (pc_cpu.progress) after each batch of computed
+                tokens and each encoding done, in this thread; the last event has `finished` set.
         """
         schema = parse_schema(pml)
         with self._lock:
@@ -151,11 +158,22 @@ class PromptCache:
                 loaded = LoadedSchema(schema, layout)
                 self._schemas[schema.name] = loaded
             if encode:
-                # One encoding at a time: a schema larger than the context evicts its own earlier
-                # modules from the context; they stay in the byte tiers.
-                for key in encoding_keys(loaded.layout, self.encoding):
-                    self.modules.ensure(loaded.layout, [key], source=schema.source)
+                self._encode(loaded, progress)
         return loaded.schema
+
+    def _encode(self, loaded: LoadedSchema, progress: ProgressCallback | None) -> None:
+        """Makes every encoding of a loaded schema resident (and stored), one at a time, reporting progress."""
+        layout = loaded.layout
+        keys = encoding_keys(layout, self.encoding)
+        tracker = ProgressTracker(layout.schema, {key: sum(len(run.tokens) for run in encoding_runs(
+            layout, key, self.encoding)) for key in keys}, progress)
+        # One encoding at a time: a schema larger than the context evicts its own earlier
+        # modules from the context; they stay in the byte tiers.
+        for key in keys:
+            self.modules.ensure(layout, [key], source=loaded.schema.source, on_computed=tracker.computed)
+            tracker.finished(key)
+        if not keys and progress is not None:
+            progress(tracker.last)  # nothing to encode: one event, already finished
 
     def unload_schema(self, name: str) -> None:
         """Drops a schema and frees its modules' cells."""
@@ -299,7 +317,9 @@ def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:
     tiers = [RamStore(ram_bytes)]
     if store is not False:
         directory = default_store_dir() if store in (None, True) else Path(store).expanduser()
-        tiers.append(DiskStore(directory, budget_bytes=disk_bytes))
+        disk = DiskStore(directory, budget_bytes=disk_bytes)
+        disk.check_writable()
+        tiers.append(disk)
     return TieredStore(tiers)
 
 

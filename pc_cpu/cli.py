@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import click
 
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
+from pc_cpu.progress_bar import EncodeProgressBar
 
 EXIT_USAGE = 2
+LONG_PREFILL_TOKENS = 512  # above one decode batch, the wait before the first token is long enough to explain
 
 
 def _read_source(value: str, what: str) -> str:
@@ -50,13 +54,14 @@ model_option = click.option("--model", type=click.Path(dir_okay=False), default=
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None, help="CPU threads (default: all).")
 ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=None,
                           help="KV cells for schemas and prompts (default: model's, at most 8192).")
-verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log.")
+verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
 store_option = click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
                             help="Directory of encoded modules (default: $PC_CPU_STORE_DIR, else ~/.cache/pc_cpu/store).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+@click.option("--verbose", is_flag=True, help="Show the traceback of an error, for any command (pc-cpu --verbose CMD).")
+def cli(verbose) -> None:
     """Prompt Cache on llama.cpp: reuse encoded prompt modules for fast time-to-first-token on CPUs."""
 
 
@@ -90,7 +95,11 @@ def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, sto
     prompt_pml = _read_source(prompt, "prompt")
     with _open_cache(model, n_ctx, threads, encoding, verbose, store=False if no_store else store_dir) as pc:
         for schema in schemas:
-            pc.load_schema(_read_source(schema, "schema"))
+            pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar())
+        plan = pc.plan(prompt_pml, recompute=recompute)
+        computed = plan.uncached_tokens + plan.selected_tokens if not no_cache else len(plan.tokens)
+        if computed >= LONG_PREFILL_TOKENS:  # a long prefill is silent until the first token; say why
+            click.echo(f"computing {computed} prompt tokens before the first answer token...", err=True)
         stream = pc.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, stop=stop, use_cache=not no_cache, recompute=recompute)
         for piece in stream:
@@ -139,7 +148,7 @@ def demo(model, threads, as_json, verbose):
     from pc_cpu.demo import QUESTIONS, demo_prompt, demo_schema
 
     with _open_cache(model, None, threads, "preamble", verbose) as pc:
-        pc.load_schema(demo_schema())
+        pc.load_schema(demo_schema(), progress=EncodeProgressBar())
         for doc, question in QUESTIONS:
             prompt = demo_prompt(doc, question)
             cached = pc.generate(prompt, max_tokens=48)
@@ -158,6 +167,14 @@ def demo(model, threads, as_json, verbose):
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (loopback only by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="PC_CPU_API_KEY", default=None,
+              help="Every route but /health then needs 'Authorization: Bearer KEY' (default: $PC_CPU_API_KEY).")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without an API key.")
+# Defaults: pc_cpu.server.app's DEFAULT_MAX_BODY_BYTES and DEFAULT_MAX_SCHEMAS (not imported: --help needs no FastAPI)
+@click.option("--max-body-bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
+              help="Larger request bodies are refused (413).")
+@click.option("--max-schemas", type=click.IntRange(1), default=32, show_default=True,
+              help="Schemas the server holds at most; registering another is refused (409).")
 @click.option("--schema", "schemas", multiple=True, help="Schema PML file to load at start (repeatable).")
 @model_option
 @ctx_option
@@ -165,22 +182,27 @@ def demo(model, threads, as_json, verbose):
 @store_option
 @encoding_option
 @verbose_option
-def serve(host, port, schemas, model, n_ctx, threads, store_dir, encoding, verbose):
+def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, schemas, model, n_ctx, threads, store_dir,
+          encoding, verbose):
     """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas.
 
-    Example: pc-cpu serve --schema demo.pml --port 8000
+    Example: PC_CPU_API_KEY=secret pc-cpu serve --schema demo.pml --port 8000
     """
     try:
         from pc_cpu.server import serve as serve_app
+        from pc_cpu.server.guard import check_exposure
     except ImportError as exc:
         raise PromptCacheError(f"the server needs FastAPI and uvicorn ({exc.name} is missing); "
                                "install them with: pip install 'pc_cpu[serve]'") from None
+    api_key = api_key or None  # an empty $PC_CPU_API_KEY means no key
+    check_exposure(host, api_key, insecure=insecure)  # before the model loads: a refusal should be quick
     with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir) as pc:
         for schema in schemas:
-            name = pc.load_schema(_read_source(schema, "schema")).name
-            click.echo(f"loaded schema {name!r}", err=True)
-        click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)", err=True)
-        serve_app(pc, host=host, port=port)
+            pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar(quiet_s=0))
+        click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)"
+                   f"{'; send Authorization: Bearer <key>' if api_key else ''}", err=True)
+        serve_app(pc, host=host, port=port, api_key=api_key, insecure=insecure, max_body_bytes=max_body_bytes,
+                  max_schemas=max_schemas)
 
 
 @cli.group()
@@ -269,12 +291,15 @@ cli.add_command(bench)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Runs the CLI; a PromptCacheError becomes 'error: ...' on stderr and exit code 2."""
+    """Runs the CLI; any failure becomes one 'error: ...' line on stderr and exit code 2.
+
+    The one place errors reach the user: a PromptCacheError's message names the fix; any other
+    exception (an environment problem nothing translated yet) is described by `_describe`.
+    `--verbose` (anywhere on the command line) adds the traceback.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        cli.main(args=argv, prog_name="pc-cpu", standalone_mode=False)
-    except PromptCacheError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+        cli.main(args=args, prog_name="pc-cpu", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(1)
@@ -284,6 +309,28 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001  (the CLI's one error path)
+        if "--verbose" in args:
+            traceback.print_exc(file=sys.stderr)
+        click.echo(f"error: {_describe(exc)}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _describe(exc: Exception) -> str:
+    """Returns one line for an exception: a PromptCacheError's own message, else what failed and what to try."""
+    if isinstance(exc, PromptCacheError):
+        return str(exc)
+    where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+    if isinstance(exc, MemoryError):
+        return "out of memory; lower --n-ctx, use a smaller model, or close other programs"
+    if isinstance(exc, PermissionError):
+        return f"permission denied{where}; fix the file's permissions or choose another path"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"no space left on the device{where}; free some space or choose another directory"
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}{where}; check that path (`pc-cpu --verbose ...` shows the traceback)"
+    return (f"{type(exc).__name__}: {exc} (unexpected here: check the command's input; `pc-cpu --verbose ...` "
+            "shows the traceback; if the input is right, report it as a bug)")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,14 @@ class ModelError(PromptCacheError):
     """No model could be found or loaded, or the model lacks a needed feature."""
 
 
+class ModelLoadError(ModelError):
+    """The model file exists but llama.cpp cannot load it (not a GGUF, truncated, unsupported)."""
+
+
+class DataMissingError(PromptCacheError):
+    """A data file a command needs (e.g. the benchmarks' evaluation sets) is missing or unreadable."""
+
+
 class EngineError(PromptCacheError):
     """llama.cpp refused an operation; the message says what its return code means."""
 
@@ -94,7 +102,6 @@ class StateBlobError(PromptCacheError):
 
 class StoreError(PromptCacheError):
     """The module store cannot keep an entry (too large for a tier's budget, disk not writable)."""
-
 
 class EntryTooLargeError(StoreError):
     """An entry is larger than a tier's whole byte budget, so that tier refuses it."""

@@ -148,3 +148,98 @@ def test_run_no_store_writes_nothing(tiny_model_path, schema_file, tmp_path, cap
     code, _, _ = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
                            str(tiny_model_path), "--max-tokens", "1", "--no-store"], capsys)
     assert code == 0 and not (tmp_path / "env-store").exists()
+
+
+# --- a broken environment: one `error:` line naming the fix, exit code 2, a traceback only with --verbose ---
+
+
+def assert_one_error_line(code, err, *fragments):
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_missing_evaluation_data_is_one_error_line(tiny_model_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path / "nowhere"))
+    args = ["bench", "recompute", "--model", str(tiny_model_path), "--n", "2", "--ttft-tokens", "0"]
+    code, _, err = run_main(args, capsys)
+    assert_one_error_line(code, err, "evaluation file", "nq-open-oracle.jsonl.gz", "$PC_CPU_EVALDATA")
+    code, _, err = run_main(["--verbose"] + args, capsys)
+    assert code == 2 and "Traceback" in err and err.splitlines()[-1].startswith("error: evaluation file")
+
+
+def _read_only_directory(tmp_path):
+    """Returns an existing directory this process cannot create files in, or skips."""
+    import os
+    import tempfile
+
+    if os.geteuid() != 0:
+        directory = tmp_path / "read-only"
+        directory.mkdir()
+        directory.chmod(0o500)
+        return directory
+    for candidate in ("/sys", "/proc"):  # root ignores permissions; these refuse new files even to root
+        try:
+            os.close(tempfile.mkstemp(dir=candidate)[0])
+        except OSError:
+            return candidate
+    pytest.skip("no directory here refuses writes")
+
+
+@pytest.mark.parametrize("where", ["a file in the way", "read-only directory"])
+def test_an_unusable_store_directory_is_one_error_line(tiny_model_path, schema_file, tmp_path, capsys, where):
+    if where == "a file in the way":
+        (tmp_path / "file").write_text("")
+        store = str(tmp_path / "file" / "store")
+    else:
+        store = str(_read_only_directory(tmp_path))
+    code, _, err = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+                             str(tiny_model_path), "--max-tokens", "1", "--store", store], capsys)
+    assert_one_error_line(code, err, store, "--no-store")
+
+
+def test_a_full_disk_is_one_error_line(tiny_model_path, schema_file, tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)  # the store's atomic write syncs each file before renaming it
+    code, _, err = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+                             str(tiny_model_path), "--max-tokens", "1", "--store", str(tmp_path / "store")], capsys)
+    assert_one_error_line(code, err, "No space left on device", "free disk space", "--no-store")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_model_that_will_not_load_is_one_error_line(tiny_model_path, schema_file, tmp_path, capsys, damage):
+    import os
+
+    bad = tmp_path / "bad.gguf"
+    data = tiny_model_path.read_bytes()
+    bad.write_bytes(os.urandom(4096) if damage == "garbage" else data[: len(data) // 2])
+    code, _, err = run_main(["run", '<prompt schema="s"><doc/></prompt>', "--schema", schema_file,
+                             "--model", str(bad)], capsys)
+    assert_one_error_line(code, err, "could not load model file", str(bad), "--model PATH")
+
+
+def test_any_other_exception_under_a_command_is_one_error_line(tmp_path, capsys):
+    records = tmp_path / "records.jsonl"
+    records.write_text("not json\n")
+    code, _, err = run_main(["bench", "summary", str(records)], capsys)
+    assert_one_error_line(code, err, "JSONDecodeError", "--verbose")
+    code, _, err = run_main(["--verbose", "bench", "summary", str(records)], capsys)
+    assert code == 2 and "Traceback" in err
+
+
+def test_run_says_when_a_long_prefill_is_coming(tiny_model_path, tmp_path, capsys):
+    schema = tmp_path / "long.pml"
+    schema.write_text('<schema name="long"><module name="doc">' + " ".join(f"fact {i}." for i in range(150))
+                      + "</module></schema>")
+    args = ["run", '<prompt schema="long"><doc/> So:</prompt>', "--schema", str(schema), "--model",
+            str(tiny_model_path), "--max-tokens", "1", "--n-ctx", "2048", "--no-store"]
+    code, _, err = run_main(args + ["--no-cache"], capsys)
+    assert code == 0 and "computing " in err and " prompt tokens before the first answer token" in err
+    code, _, err = run_main(args, capsys)  # cached: only a few tokens to compute
+    assert code == 0 and "computing " not in err

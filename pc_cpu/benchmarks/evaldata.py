@@ -13,8 +13,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from pc_cpu.errors import DataMissingError
+
 NQ_FILE = "nq-open-oracle.jsonl.gz"
 KV_FILE = "kv-retrieval-75_keys.jsonl.gz"
+SOURCES_HINT = "SOURCES.md in ../shared/evaldata"
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,20 @@ def evaldata_dir() -> Path:
 
 
 def _read_jsonl_gz(path: Path) -> list[dict]:
+    """Returns the JSON records of a gzipped JSON-lines file.
+
+    Raises:
+        DataMissingError: the file is missing or unreadable; the message says where it is looked for.
+    """
     if not path.is_file():
-        raise FileNotFoundError(f"evaluation file {path} is missing; set $PC_CPU_EVALDATA to the evaldata directory")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        raise DataMissingError(f"evaluation file {path} is missing; put the evaluation sets (see "
+                               f"{SOURCES_HINT}) in that directory or set $PC_CPU_EVALDATA to where they are")
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, EOFError, ValueError) as exc:  # unreadable, truncated gzip, or not JSON lines
+        raise DataMissingError(f"evaluation file {path} cannot be read ({exc}); copy it again from its source "
+                               f"(see {SOURCES_HINT})") from exc
 
 
 def load_nq(path: Path | None = None) -> list[NQQuestion]:

@@ -177,11 +177,11 @@ def run(model=None, threads: int = 2, size: str = "quick", progress: Progress | 
         tokenize = lambda t: tok_model.tokenize(t, special=False)  # noqa: E731
         loads = [workloads.multidoc(tokenize, cfg["tokens"]), workloads.template(tokenize, cfg["tokens"]),
                  workloads.code(tokenize, cfg["tokens"])]
-        description = tok_model.info.description
+        model_name = path.name  # not llama.cpp's description, which says "llama 256M Q4_1" for SmolLM2-135M
     finally:
         tok_model.close()
     n_ctx = 4 * cfg["tokens"] + 2048  # resident modules, a prefill of the same tokens, generation
-    report = {"model": description, "threads": threads, "size": size, "workloads": []}
+    report = {"model": model_name, "threads": threads, "size": size, "workloads": []}
     for w in loads:
         report["workloads"].append(tiers(path, threads, w, repeats=cfg["repeats"], n_ctx=n_ctx))
         if progress:

@@ -77,7 +77,7 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
             for p in prompts[1:]:
                 measured[name]["pc_cpu cached"].append(pc.generate(p, max_tokens=1).ttft_ms)
                 measured[name]["pc_cpu full prefill"].append(pc.generate(p, max_tokens=1, use_cache=False).ttft_ms)
-        report["model"] = pc.model.info.description
+        report["model"] = pc.model.path.name  # not llama.cpp's description ("llama 256M Q4_1" for SmolLM2-135M)
     if progress:
         progress(1)
     for peer in ("llama_cpp.Llama (in-context prefix reuse)", "llama_cpp.Llama + LlamaRAMCache"):

@@ -21,12 +21,13 @@ class Workload:
 
 def passages(count: int) -> list[str]:
     """Returns `count` document texts: NQ gold passages if the evaluation data is there, else demo documents."""
-    try:
-        from pc_cpu.benchmarks.evaldata import load_nq
+    from pc_cpu.benchmarks.evaldata import load_nq
+    from pc_cpu.errors import DataMissingError
 
+    try:
         qs = load_nq()
         return [f"{q.gold.title}. {q.gold.text}\n" for q in qs[:count]]
-    except FileNotFoundError:
+    except DataMissingError:
         from pc_cpu.demo import DOCS
 
         texts = list(DOCS.values())

@@ -13,6 +13,8 @@ from pc_cpu.pml.layout import Layout
 from pc_cpu.store import state_blob
 from pc_cpu.store.resident import ResidentTier
 
+OnComputed = Callable[[int], None]  # receives the number of an encoding's tokens one decode batch computed
+
 
 @dataclass(frozen=True)
 class Workspace:
@@ -23,7 +25,8 @@ class Workspace:
 
 
 def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scratch: int, library: int, pin: int,
-                  library_of: Callable[[str], int | None], workspace: Workspace | None = None) -> None:
+                  library_of: Callable[[str], int | None], workspace: Workspace | None = None,
+                  on_computed: OnComputed | None = None) -> None:
     """Computes `module`'s cells at its layout positions and shares them into `library` and `pin`.
 
     With a `workspace` (models without a sliding window), a run that needs no neighbour's
@@ -34,17 +37,20 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
     after its context: shared from resident modules when it lies right before the run, else
     computed there too (an empty sequence accepts any first position). Only the run's cells
     are kept, a batch at a time as they are computed (see `pin_cells`); emptying the scratch
-    frees the rest.
+    frees the rest. on_computed(n) hears of each batch's n module tokens.
     """
     for job in encode_jobs(layout, module, mode):
         if workspace is not None and job.after is None:
-            _encode_in_workspace(ctx, job, workspace, scratch=scratch, library=library, pin=pin)
+            _encode_in_workspace(ctx, job, workspace, scratch=scratch, library=library, pin=pin,
+                                 on_computed=on_computed)
             continue
         ctx.seq_rm(scratch)
 
         def keep(a: int, b: int) -> None:
             ctx.seq_cp(scratch, library, a, b)
             ctx.seq_cp(scratch, pin, a, b)
+            if on_computed is not None:
+                on_computed(b - a)
 
         try:
             _decode_after_context(ctx, scratch, job.shared_context, job.context, job.run.tokens, job.run.start,
@@ -54,7 +60,7 @@ def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scrat
 
 
 def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, scratch: int, library: int,
-                         pin: int) -> None:
+                         pin: int, on_computed: OnComputed | None = None) -> None:
     """Computes the job's context and run in the workspace's empty stream, then shares the run's cells into `library`.
 
     Why not share the context from the library: attention sums cells in slot order, and
@@ -65,7 +71,14 @@ def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, 
     run = job.run
     work.seq_rm(seq)
     try:
-        work.decode(job.context + run.tokens, range(job.first_position, run.end), seq, logits_last=False)
+        n_context = len(job.context)
+
+        def report(lo: int, hi: int) -> None:  # chunk indices count the context first
+            if on_computed is not None and hi > n_context:
+                on_computed(hi - max(lo, n_context))
+
+        work.decode(job.context + run.tokens, range(job.first_position, run.end), seq, logits_last=False,
+                    after_chunk=report)
         if job.context:
             work.seq_rm(seq, job.first_position, run.start)
         blob = state_blob.restream(work.state_get(seq), ctx.n_stream)
@@ -130,7 +143,7 @@ def _decode_after_context(ctx: Context, scratch: int, shared_context, context: t
 
 
 def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int, pin: int,
-                    library_of: Callable[[str], int | None]) -> None:
+                    library_of: Callable[[str], int | None], on_computed: OnComputed | None = None) -> None:
     """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
 
     The runs are decoded back to back in the empty `scratch` sequence after the
@@ -142,13 +155,19 @@ def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: in
     than copying them, so the library gets the move too, and `apply_pending_shifts`
     forces it before this returns (state blobs read later must hold rotated K).
     If this raises, the pin may hold cells anywhere in the scaffold's span: the
-    caller re-pins that span (`pin_cells`).
+    caller re-pins that span (`pin_cells`). on_computed(n) hears of each batch's n member tokens.
     """
+
+    def keep(a: int, b: int) -> None:
+        ctx.seq_cp(scratch, pin, a, b)
+        if on_computed is not None:
+            on_computed(b - a)
+
     ctx.seq_rm(scratch)
     moved = False
     try:
         _decode_after_context(ctx, scratch, job.shared_context, job.context, job.tokens, job.runs[0].start,
-                              library_of, lambda a, b: ctx.seq_cp(scratch, pin, a, b), must_share=job.after is not None)
+                              library_of, keep, must_share=job.after is not None)
         # Last run first: each moves forward onto positions no run still to move occupies.
         for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
             if run.start != computed:
@@ -176,12 +195,18 @@ def apply_pending_shifts(ctx: Context, scratch: int) -> None:
 
 
 def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int, pin: int,
-               library_of: Callable[[str], int | None], workspace: Workspace | None = None) -> None:
-    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions."""
+               library_of: Callable[[str], int | None], workspace: Workspace | None = None,
+               on_computed: OnComputed | None = None) -> None:
+    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions.
+
+    on_computed(n), when given, is called after each llama_decode batch with the n tokens of
+    the encoding it computed (not the context computed before them): the progress of long encodings.
+    """
     if key.startswith(SCAFFOLD_PREFIX):
         job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
         if job is not None:
-            encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of)
+            encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of,
+                            on_computed=on_computed)
     else:
         encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of,
-                      workspace=workspace)
+                      workspace=workspace, on_computed=on_computed)

@@ -11,7 +11,7 @@ from pathlib import Path
 import llama_cpp
 
 from pc_cpu.engine.log import set_llama_verbose
-from pc_cpu.errors import ModelError
+from pc_cpu.errors import ModelError, ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class Model:
         params = llama_cpp.llama_model_default_params()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
-            raise ModelError(f"llama.cpp could not load {str(self.path)!r}; is it a GGUF model file? "
-                             "(run with --verbose to see llama.cpp's reason)")
+            raise ModelLoadError(f"llama.cpp could not load model file {str(self.path)!r} (not a GGUF file, "
+                                 "truncated, or an architecture it does not support); download it again or pass "
+                                 "--model PATH to another .gguf (--verbose shows llama.cpp's reason)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         add_bos = llama_cpp.llama_vocab_get_add_bos(self._vocab)

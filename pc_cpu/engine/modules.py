@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import Workspace, encode_key, pin_cells
@@ -51,10 +51,12 @@ class ModuleCache:
         self._blobs = native if native.available() else state_blob
 
     def ensure(self, layout: Layout, keys: Iterable[str], *, source: str, reserve: int = 0,
-               pinned: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
+               pinned: Iterable[tuple[str, str]] = (),
+               on_computed: Callable[[str, int], None] | None = None) -> dict[str, str]:
         """Makes every encoding in `keys` resident, leaving `reserve` cells free; returns the tier of each.
 
         Encodings in `pinned` ((schema, key) pairs that running prompts read) are never evicted.
+        on_computed(key, n) hears of each decode batch of n tokens computed for an encoding in `keys`.
 
         Raises:
             ContextOverflowError: the encodings and the reserve do not fit in the context together.
@@ -63,11 +65,12 @@ class ModuleCache:
         ordered = [key for key in encoding_keys(layout, self.mode) if key in wanted]
         keep = {(layout.schema, key) for key in ordered} | set(pinned)
         digest = schema_hash(source)
-        served = {key: self._ensure_one(layout, key, digest, keep) for key in ordered}
+        served = {key: self._ensure_one(layout, key, digest, keep, on_computed) for key in ordered}
         self._make_room(reserve, keep)
         return served
 
-    def _ensure_one(self, layout: Layout, key: str, digest: str, keep: set) -> str:
+    def _ensure_one(self, layout: Layout, key: str, digest: str, keep: set,
+                    on_computed: Callable[[str, int], None] | None = None) -> str:
         resident_key = (layout.schema, key)
         if self.resident.contains(resident_key):
             self.resident.touch(resident_key)
@@ -82,7 +85,8 @@ class ModuleCache:
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
-                       library_of=lambda other: self.resident.get((layout.schema, other)), workspace=self.workspace)
+                       library_of=lambda other: self.resident.get((layout.schema, other)), workspace=self.workspace,
+                       on_computed=None if on_computed is None else lambda n: on_computed(key, n))
             self.encoded += 1
         except Exception:
             self._drop(resident_key)
@@ -186,7 +190,12 @@ class ModuleCache:
     # --- bytes in and out -----------------------------------------------------
 
     def _save(self, store_key: StoreKey, library: int, runs: tuple[Run, ...]) -> None:
-        """Writes the encoding's state bytes through to every byte tier (best effort, logged)."""
+        """Writes the encoding's state bytes through to every byte tier.
+
+        An entry larger than a tier's budget is skipped there (logged). Any other StoreError
+        (the disk is full or refuses the write) is raised: the environment needs fixing, and
+        a store that silently keeps nothing would re-encode everything in the next process.
+        """
         if self.store is None or not runs:
             return
         blobs = [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]

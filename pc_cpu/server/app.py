@@ -6,12 +6,14 @@ schema's modules), POST|GET /v1/schemas, DELETE /v1/schemas/{name}, GET /v1/mode
 
 Errors are JSON `{"error": {"message", "type"}}`: a PromptCacheError is 400 with its class name as
 type (ContextOverflowError included); a body that does not validate is 422; an unknown schema
-name in DELETE is 404. The PromptCache is called only from worker threads (see feed.py), never on
+name in DELETE is 404; a missing or wrong API key is 401, a body over the limit 413, and a new
+schema beyond `max_schemas` 409 (pc_cpu.server.guard). The PromptCache is called only from worker threads (see feed.py), never on
 the event loop; the app owns those threads and cancels them when it shuts down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -27,21 +29,29 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pc_cpu.errors import PromptCacheError, UnknownSchemaError
 from pc_cpu.pml.layout import ROOT
+from pc_cpu.pml.schema import parse_schema
 from pc_cpu.server import openai_api as api
 from pc_cpu.server.chat import messages_to_pml
 from pc_cpu.server.feed import Done, Failed, Feed, Piece
+from pc_cpu.server.guard import BearerAuth, BodyLimit
 
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 64  # streams generating or waiting for the context at once; more queue for a worker
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # a 1 MiB prompt or schema is ~250k tokens, more than any context holds
+DEFAULT_MAX_SCHEMAS = 32  # each holds KV cells, RAM and disk; a stranger's loop must not fill them
 DISCONNECT_POLL_S = 0.5  # how often a request waiting for its next piece checks its client
 
 
-def create_app(cache) -> FastAPI:
+def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_schemas: int = DEFAULT_MAX_SCHEMAS) -> FastAPI:
     """Returns the app serving `cache` (a PromptCache). The caller keeps ownership of the cache.
 
     Args:
         cache: a PromptCache; its schemas already loaded are served as they are.
+        api_key: when given, every route but /health needs `Authorization: Bearer <api_key>`.
+        max_body_bytes: larger request bodies are refused (413).
+        max_schemas: schemas the server holds at most; POST /v1/schemas of another is refused (409).
     """
     executor = ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pc-cpu-stream")
     feeds: set[Feed] = set()
@@ -58,6 +68,10 @@ def create_app(cache) -> FastAPI:
     app.state.feeds = feeds
     model_name = cache.model.path.name
     _add_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key)  # added last, so it runs first: no body read for strangers
+    adding_schema = asyncio.Lock()  # the limit is checked and the schema loaded as one step
 
     def open_feed(prompt_pml: str, options: dict) -> Feed:
         feeds.difference_update([f for f in feeds if f.finished.is_set()])
@@ -80,8 +94,17 @@ def create_app(cache) -> FastAPI:
         return {"object": "list", "data": [_schema_json(cache, name) for name in cache.schema_names]}
 
     @app.post("/v1/schemas", status_code=201)
-    async def add_schema(body: api.SchemaRequest) -> dict:
-        schema = await run_in_threadpool(cache.load_schema, body.pml)  # encodes every module: slow
+    async def add_schema(body: api.SchemaRequest):
+        async with adding_schema:
+            name = parse_schema(body.pml).name
+            if name not in cache.schema_names and len(cache.schema_names) >= max_schemas:
+                return JSONResponse(api.error_json(
+                    f"this server already holds {len(cache.schema_names)} schemas, its limit; delete one "
+                    "(DELETE /v1/schemas/{name}) or restart the server with a higher --max-schemas",
+                    "LimitExceeded"), status_code=409)
+            events = []  # a few per module: one per decode batch and one when it is done
+            schema = await run_in_threadpool(cache.load_schema, body.pml, progress=events.append)  # slow
+        log.info("loaded %s", events[-1].summary())  # load_schema always reports the finished state
         return _schema_json(cache, schema.name)
 
     @app.delete("/v1/schemas/{name}")

@@ -1,18 +1,22 @@
 """Gives the ways to run the app under uvicorn: in the foreground (`pc-cpu serve`) or in a thread.
 
-Binds 127.0.0.1 by default: the API has no authentication, so exposing it is the caller's choice.
+Binds 127.0.0.1 by default. Listening on any other address needs an API key, or `insecure=True`
+(pc_cpu.server.guard.check_exposure).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from pc_cpu.errors import PromptCacheError
-from pc_cpu.server.app import create_app
+from pc_cpu.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCHEMAS, create_app
+from pc_cpu.server.guard import check_exposure, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -20,16 +24,34 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
-def serve(cache, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, log_level: str = "info") -> None:
+def serve(cache, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, api_key: str | None = None,
+          insecure: bool = False, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          max_schemas: int = DEFAULT_MAX_SCHEMAS, log_level: str = "info") -> None:
     """Serves `cache` until interrupted (Ctrl-C); returns after every stream is closed.
 
     Args:
         cache: a PromptCache with its schemas loaded; the caller closes it afterwards.
         host, port: where to listen; port 0 picks a free one.
+        api_key: the key every route but /health needs (`Authorization: Bearer KEY`); None: none.
+        insecure: allow a non-loopback `host` without an api_key.
+        max_body_bytes, max_schemas: the limits of pc_cpu.server.app.create_app.
+
+    Raises:
+        PromptCacheError: `host` is not loopback and there is neither an api_key nor `insecure`.
     """
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s: anyone who can reach it can use the model and load schemas", host)
-    uvicorn.run(create_app(cache), host=host, port=port, log_level=log_level)
+    check_exposure(host, api_key, insecure=insecure)
+    if not api_key and not is_loopback(host):
+        log.warning("listening on %s without an API key (--insecure): anyone who can reach it can use the model "
+                    "and load schemas", host)
+    app = create_app(cache, api_key=api_key, max_body_bytes=max_body_bytes, max_schemas=max_schemas)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=_log_config())
+
+
+def _log_config() -> dict:
+    """Returns uvicorn's logging setup with pc_cpu's loggers printed like its own (schemas loaded, errors)."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["pc_cpu"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
 
 
 class ServerThread:
@@ -39,8 +61,12 @@ class ServerThread:
             httpx.get(server.base_url + "/health")
     """
 
-    def __init__(self, cache, *, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning"):
-        config = uvicorn.Config(create_app(cache), host=host, port=port, log_level=log_level, lifespan="on")
+    def __init__(self, cache, *, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
+                 api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_schemas: int = DEFAULT_MAX_SCHEMAS):
+        check_exposure(host, api_key)
+        app = create_app(cache, api_key=api_key, max_body_bytes=max_body_bytes, max_schemas=max_schemas)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, name="pc-cpu-server", daemon=True)
         self.host = host

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+import platformdirs
+
 from pc_cpu.errors import CorruptEntryError, EntryTooLargeError, StoreError
 from pc_cpu.store.base import Evicted
 from pc_cpu.store.disk_format import Header, encode_header, read_entry, read_header
@@ -35,15 +37,16 @@ SUFFIX = ".pcs"
 DEFAULT_DISK_BUDGET_BYTES = 4 * 1024**3  # 4 GiB
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.pcs$")
 _TEMP_SUFFIX = ".tmp"
+_DIRECTORY_FIX = ("fix its permissions, point --store or $PC_CPU_STORE_DIR at a writable directory, "
+                  "or keep modules in RAM only (--no-store, store=False)")
 
 
 def cache_dir(name: str, variable: str, environ: Mapping[str, str] | None = None) -> Path:
-    """Returns $`variable` if set, else <user cache dir>/pc_cpu/`name` ($XDG_CACHE_HOME, else ~/.cache)."""
+    """Returns $`variable` if set, else <user cache dir>/pc_cpu/`name` (platformdirs: ~/.cache on Linux)."""
     env = os.environ if environ is None else environ
     if env.get(variable):
         return Path(env[variable]).expanduser()
-    cache_home = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
-    return Path(cache_home).expanduser() / "pc_cpu" / name
+    return platformdirs.user_cache_path("pc_cpu", appauthor=False) / name
 
 
 def default_store_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -96,8 +99,22 @@ class DiskStore:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create store directory {self.directory}: {exc.strerror}; "
-                             "point PC_CPU_STORE_DIR at a writable directory") from exc
+                             f"{_DIRECTORY_FIX}") from exc
         self._scan()
+
+    def check_writable(self) -> None:
+        """Raises StoreError, naming the fix, unless a file can be created in the directory.
+
+        Checked once when a cache opens the store: every encoding is written through to it,
+        and a store that refuses each write would only be noticed as warnings, one per module.
+        """
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=_TEMP_SUFFIX, dir=self.directory)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise StoreError(f"store directory {self.directory} is not writable ({exc.strerror}); "
+                             f"{_DIRECTORY_FIX}") from exc
 
     @property
     def bytes_used(self) -> int:
@@ -243,7 +260,11 @@ class DiskStore:
             self._remember(name[: -len(SUFFIX)], record)
 
     def _entry_files(self) -> list[Path]:
-        return sorted(p for p in self.directory.iterdir() if _ENTRY_NAME.match(p.name))
+        try:
+            return sorted(p for p in self.directory.iterdir() if _ENTRY_NAME.match(p.name))
+        except OSError as exc:
+            raise StoreError(f"cannot list store directory {self.directory} ({exc.strerror}); "
+                             f"{_DIRECTORY_FIX}") from exc
 
     def _write_atomically(self, path: Path, header: bytes, payload: bytes) -> None:
         fd, tmp = tempfile.mkstemp(prefix="." + path.stem[:16] + ".", suffix=_TEMP_SUFFIX, dir=self.directory)
@@ -257,8 +278,8 @@ class DiskStore:
         except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
             if isinstance(exc, OSError):
-                raise StoreError(f"cannot write store file {path}: {exc}; free disk space or point "
-                                 "PC_CPU_STORE_DIR at a writable directory") from exc
+                raise StoreError(f"cannot write store file {path}: {exc}; free disk space, or "
+                                 f"{_DIRECTORY_FIX}") from exc
             raise
         _fsync_directory(self.directory)
 

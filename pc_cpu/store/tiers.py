@@ -68,14 +68,17 @@ class TieredStore:
         """Writes `entry` through to every tier that accepts it; returns those tiers' names, fastest first.
 
         What a tier evicts to make room is demoted to the next tier (see module docstring). A
-        tier that refuses the entry (too large for its budget, disk not writable) is logged and
-        skipped: the entry stays wherever else it was stored, and a miss everywhere is re-encoded.
+        tier whose budget is too small for the entry is logged and skipped: the entry stays
+        wherever else it was stored.
+
+        Raises:
+            StoreError: a tier could not write (a full or unwritable disk): the user must fix it.
         """
         stored = []
         for depth, tier in enumerate(self.tiers):
             try:
                 evicted = tier.put(key, entry)
-            except StoreError as exc:  # EntryTooLargeError included
+            except EntryTooLargeError as exc:
                 log.warning("%s: not stored in %s: %s", key.describe(), tier.name, exc)
                 continue
             stored.append(tier.name)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from pc_cpu.benchmarks import evaldata
+from pc_cpu.errors import DataMissingError
 
 
 def write_jsonl_gz(path, records):
@@ -58,7 +59,7 @@ def test_kv_items_keep_the_queried_pair_at_its_turn(fake_dir):
 
 def test_missing_file_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="PC_CPU_EVALDATA"):
+    with pytest.raises(DataMissingError, match="PC_CPU_EVALDATA"):
         evaldata.load_nq()
 
 

@@ -43,6 +43,7 @@ def test_latency_run_on_the_tiny_model(tiny_model_path):
     assert hits == sorted(hits) and hits[0] < 0.2 and hits[-1] > 0.8
     text = report.latency_markdown(data)
     assert "| multi-doc QA |" in text and "Fits" in text
+    assert text.startswith(f"Model {tiny_model_path.name}, ")  # the file's name, not llama.cpp's description
 
 
 def test_peers_run_on_the_tiny_model(tiny_model_path):
@@ -53,6 +54,7 @@ def test_peers_run_on_the_tiny_model(tiny_model_path):
     assert set(systems) == {"pc_cpu cached", "pc_cpu full prefill", "llama_cpp.Llama (in-context prefix reuse)",
                             "llama_cpp.Llama + LlamaRAMCache"}
     assert "| shared prefix |" in report.peers_markdown(data)
+    assert report.peers_markdown(data).startswith(f"Model {tiny_model_path.name}, ")
 
 
 def fake_report():

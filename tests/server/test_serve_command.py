@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -34,14 +35,41 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20"])
+def test_serve_refuses_a_non_loopback_host_without_a_key(host, capsys, monkeypatch):
+    monkeypatch.delenv("PC_CPU_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exit_info:  # refused before the model loads: this one does not exist
+        main(["serve", "--host", host, "--model", "/nonexistent/model.gguf"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"error: refusing to serve on {host} without an API key")
+    assert "--api-key" in err and "PC_CPU_API_KEY" in err and "--insecure" in err
+    for allowed in (["--insecure"], ["--api-key", "k"]):  # both get past the check, to the missing model
+        with pytest.raises(SystemExit):
+            main(["serve", "--host", host, "--model", "/nonexistent/model.gguf"] + allowed)
+        assert "model file" in capsys.readouterr().err
+    monkeypatch.setenv("PC_CPU_API_KEY", "k")
+    with pytest.raises(SystemExit):
+        main(["serve", "--host", host, "--model", "/nonexistent/model.gguf"])
+    assert "model file" in capsys.readouterr().err
+
+
+def test_serve_limit_defaults_are_the_servers():
+    from pc_cpu.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCHEMAS
+
+    defaults = {p.name: p.default for p in cli.commands["serve"].params}
+    assert (defaults["max_body_bytes"], defaults["max_schemas"]) == (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCHEMAS)
+
+
 def test_serve_answers_over_http_and_stops_on_ctrl_c(tiny_model_path, tmp_path):
     schema = tmp_path / "s.pml"
     schema.write_text(DOC_SCHEMA)
     port = _free_port()
+    env = {**os.environ, "PC_CPU_API_KEY": "from-the-environment"}
     process = subprocess.Popen([sys.executable, "-m", "pc_cpu.cli", "serve", "--port", str(port), "--schema",
                                 str(schema), "--model", str(tiny_model_path), "--threads", "2", "--n-ctx", "512",
                                 "--store", str(tmp_path / "store")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
@@ -53,10 +81,13 @@ def test_serve_answers_over_http_and_stops_on_ctrl_c(tiny_model_path, tmp_path):
                 assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
                 time.sleep(0.1)
         assert health["schemas"] == ["s"]
-        answer = httpx.post(base + "/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 3}, timeout=10)
+        request = {"prompt": DOC_PROMPT, "max_tokens": 3}
+        assert httpx.post(base + "/v1/completions", json=request, timeout=10).status_code == 401
+        answer = httpx.post(base + "/v1/completions", json=request, timeout=10,
+                            headers={"Authorization": "Bearer from-the-environment"})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
     finally:
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
-    assert "loaded schema 's'" in err and f"http://127.0.0.1:{port}" in err
+    assert "loaded schema 's': " in err and f"http://127.0.0.1:{port}" in err

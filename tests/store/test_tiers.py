@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from pc_cpu.errors import StoreError
+
 from pc_cpu.store.disk import DiskStore
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.tiers import Hit, TieredStore
@@ -62,9 +64,10 @@ def test_ram_keeps_the_most_recent_while_disk_keeps_everything(tiers):
 
 def test_a_ram_eviction_is_demoted_to_a_disk_that_refused_it(tiers, full_disk, caplog):
     store, ram, disk = tiers
-    assert store.put(key("a"), entry(P, 1)) == ("ram",)  # the disk was full for a moment
+    with pytest.raises(StoreError, match="free disk space"):  # the disk was full for a moment: the user hears
+        store.put(key("a"), entry(P, 1))
     full_disk.undo()
-    assert any("not stored in disk" in r.getMessage() for r in caplog.records)
+    assert modules(ram) == ["a"] and modules(disk) == []
     store.put(key("b"), entry(P, 2))
     assert modules(disk) == ["b"]
     store.put(key("c"), entry(P, 3))  # evicts a from RAM: written to disk now, before c
@@ -166,9 +169,9 @@ def test_prefetch_of_a_group_larger_than_ram_warns(tiers, caplog):
 
 def test_failed_demotion_is_logged_and_dropped(tiers, full_disk, caplog):
     store, ram, disk = tiers
-    store.put(key("a"), entry(P))
-    store.put(key("b"), entry(P))
-    assert store.put(key("c"), entry(P)) == ("ram",)  # a is evicted and cannot be written
+    for name in "abc":  # every write to the full disk is refused; c's RAM put evicts a, which cannot be demoted
+        with pytest.raises(StoreError):
+            store.put(key(name), entry(P))
     full_disk.undo()
     assert modules(ram) == ["b", "c"] and modules(disk) == []
     assert any("could not demote" in r.getMessage() for r in caplog.records)
