@@ -55,6 +55,10 @@ class ModelError(PromptCacheError):
     """No model could be found or loaded, or the model lacks a needed feature."""
 
 
+class UnsupportedModelError(ModelError):
+    """The model loads, but its architecture breaks an assumption modular caching rests on."""
+
+
 class EngineError(PromptCacheError):
     """llama.cpp refused an operation; the message says what its return code means."""
 

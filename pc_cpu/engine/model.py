@@ -10,8 +10,9 @@ from pathlib import Path
 
 import llama_cpp
 
+from pc_cpu.engine.architecture import ArchitectureFacts, refusal
 from pc_cpu.engine.log import set_llama_verbose
-from pc_cpu.errors import ModelError
+from pc_cpu.errors import ModelError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class Model:
         if not self._model:
             raise ModelError(f"llama.cpp could not load {str(self.path)!r}; is it a GGUF model file? "
                              "(run with --verbose to see llama.cpp's reason)")
+        reason = refusal(self.architecture())
+        if reason:
+            self.close()
+            raise UnsupportedModelError(f"cannot serve {self.path.name!r}: {reason}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         add_bos = llama_cpp.llama_vocab_get_add_bos(self._vocab)
@@ -60,6 +65,15 @@ class Model:
     def handle(self):
         """Returns the llama_model pointer for the engine's Context."""
         return self._model
+
+    def architecture(self) -> ArchitectureFacts:
+        """Returns what llama.cpp read from the GGUF about the kind of model this is."""
+        m = self._model
+        return ArchitectureFacts(
+            architecture=self.metadata("general.architecture") or "unknown",
+            rope_type=llama_cpp.llama_model_rope_type(m), recurrent=llama_cpp.llama_model_is_recurrent(m),
+            hybrid=llama_cpp.llama_model_is_hybrid(m), has_encoder=llama_cpp.llama_model_has_encoder(m),
+            diffusion=llama_cpp.llama_model_is_diffusion(m))
 
     def _read_info(self) -> ModelInfo:
         buf = ctypes.create_string_buffer(256)
