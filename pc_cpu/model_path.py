@@ -39,6 +39,9 @@ def _resolve(value: str, source: str) -> Path:
     if value in MODELS:
         return model_file(MODELS[value])
     path = Path(value).expanduser()
+    if not path.is_file() and (os.sep in value or value.endswith(".gguf")):
+        raise ModelError(f"{source}: model file {value!r} does not exist; pass the path of a .gguf file or a "
+                         f"model name ({', '.join(MODELS)})")
     if not path.is_file():
         raise ModelError(f"{source} {value!r} is neither a model name ({', '.join(MODELS)}) nor an existing "
                          f"file; pass one of those names or the path of a .gguf file")
