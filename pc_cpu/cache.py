@@ -62,7 +62,8 @@ class PromptCache:
         """Loads the model and creates the context.
 
         Args:
-            model: a GGUF path; None uses $PC_CPU_MODEL or the installed default (SmolLM2-135M).
+            model: a model name (pc_cpu.models, e.g. "qwen2.5-coder-0.5b") or a GGUF path; None uses
+                $PC_CPU_MODEL or the default, smollm2-135m.
             n_ctx: KV cells for schemas and prompts together; None: the model's training context, at most 8192.
             threads: CPU threads; None uses every core.
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of

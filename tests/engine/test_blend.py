@@ -82,7 +82,10 @@ def test_layer_values_read_the_same_with_v_transposed_or_not(make_cache):
         values.append(state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), 1))
     (p1, k1, v1), (p2, k2, v2) = values
     assert p1.tolist() == p2.tolist()
-    assert np.allclose(k1, k2, atol=1e-2) and np.allclose(v1, v2, atol=1e-2) and np.abs(v1).max() > 0
+    # Flash attention changes layer 0's rounding, so layer 1's values move a little (Qwen2.5: 0.4% of
+    # a K near 1.7); a V read in the wrong layout would not be close at all.
+    close = dict(rtol=1e-2, atol=5e-2)
+    assert np.allclose(k1, k2, **close) and np.allclose(v1, v2, **close) and np.abs(v1).max() > 0
 
 
 # --- assembly -----------------------------------------------------------------------------------

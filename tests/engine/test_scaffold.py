@@ -10,7 +10,7 @@ from pc_cpu.errors import PromptError, SchemaError
 from pc_cpu.pml.encoding import scaffold_key
 from pc_cpu.pml.plan import CopyCells, DecodeTokens
 from pc_cpu.store.state_blob import _layout_parse
-from tests.conftest import prefill_logits
+from tests.conftest import batched_prefill_logits, prefill_logits
 from tests.conftest import cell_positions
 
 DOC_A = "The lighthouse keeper climbed the spiral stairs every evening at dusk and trimmed the wick."
@@ -46,8 +46,10 @@ def sources(plan) -> dict[str, set]:
 def test_adjacent_scaffold_gives_the_full_prefill_logits(make_cache, schema, imports):
     # After a system preamble, the joint run is computed after the preamble's shared cells.
     prompt = f'<prompt schema="s">{imports}{QUESTION}</prompt>'
-    cached = prefill_logits(make_cache(), schema, prompt, use_cache=True)
-    baseline = prefill_logits(make_cache(), schema, prompt, use_cache=False)
+    cache = make_cache()
+    cached = prefill_logits(cache, schema, prompt, use_cache=True)
+    a, b = cache.layout("s").modules["a"], cache.layout("s").modules["b"]
+    baseline = batched_prefill_logits(make_cache(), schema, prompt, [a.start, b.end])  # the joint run is one batch
     assert np.abs(cached - baseline).max() == 0.0
 
 
@@ -114,10 +116,11 @@ def test_nested_members_are_imported_by_the_scaffold(make_cache):
     cache.load_schema(NESTED)
     by_name = cache.plan('<prompt schema="n"><sc/> Go.</prompt>')
     assert by_name == cache.plan('<prompt schema="n"><p><c/></p> Go.</prompt>')
-    assert sources(by_name) == {"p": {"scaffold:sc"}, "c": {"scaffold:sc"}}
+    assert {k: v for k, v in sources(by_name).items() if k != "#root"} == {"p": {"scaffold:sc"}, "c": {"scaffold:sc"}}
     assert sources(cache.plan('<prompt schema="n"><p/> Go.</prompt>'))["p"] == {None}
     logits = prefill_logits(cache, NESTED, '<prompt schema="n"><sc/> Go.</prompt>', use_cache=True)
-    baseline = prefill_logits(make_cache(), NESTED, '<prompt schema="n"><sc/> Go.</prompt>', use_cache=False)
+    p = cache.layout("n").modules["p"]
+    baseline = batched_prefill_logits(make_cache(), NESTED, '<prompt schema="n"><sc/> Go.</prompt>', [p.start, p.end])
     assert np.abs(logits - baseline).max() == 0.0  # p's runs and c follow each other: no gap
 
 

@@ -1,0 +1,55 @@
+"""Engine tests run on every model: the tiny random one and each installed packaged model.
+
+`make_cache` here defaults to `engine_model`, so every engine test that builds its caches with it
+runs once per model (ids `tiny`, `smollm2-135m`, ...). A packaged model that is not installed is
+skipped with the extra that installs it; `pytest -k tiny` runs only the fast tiny-model pass.
+A test marked `tiny_only` rests on the random model's behaviour (it never ends a text early) and
+runs on it alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu.models import MODELS
+from tests.conftest import packaged_model_path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselects the packaged-model runs of tests marked tiny_only."""
+    keep, drop = [], []
+    for item in items:
+        param = getattr(item, "callspec", None) and item.callspec.params.get("engine_model")
+        only_tiny = item.get_closest_marker("tiny_only") is not None
+        (drop if only_tiny and param not in (None, "tiny") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session", params=["tiny", *MODELS])
+def engine_model(request, tiny_model_path):
+    """Returns the path of the model an engine test runs on."""
+    if request.param == "tiny":
+        return tiny_model_path
+    return packaged_model_path(request.param)
+
+
+@pytest.fixture
+def make_cache(engine_model):
+    """Returns a factory of PromptCache objects (default: on `engine_model`); closes them after the test."""
+    from pc_cpu import PromptCache
+
+    made = []
+
+    def make(model=None, **options):
+        options.setdefault("n_ctx", 1024)
+        options.setdefault("threads", 2)
+        options.setdefault("n_seq_max", 16)
+        cache = PromptCache(model or engine_model, **options)
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        cache.close()
