@@ -27,7 +27,12 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-@pytest.fixture(scope="session", params=["tiny", *MODELS])
+# The 1.5B model takes ~3x the 0.5B's time (about half an hour for this suite on 2 cores): -m slow runs it.
+ENGINE_MODELS = ["tiny", *(pytest.param(name, marks=pytest.mark.slow) if name == "qwen2.5-coder-1.5b" else name
+                           for name in MODELS)]
+
+
+@pytest.fixture(scope="session", params=ENGINE_MODELS)
 def engine_model(request, tiny_model_path):
     """Returns the path of the model an engine test runs on."""
     if request.param == "tiny":
