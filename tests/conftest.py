@@ -49,9 +49,8 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return write_tiny_llama_gguf(path)
 
 
-@pytest.fixture
-def make_cache(tiny_model_path):
-    """Returns a factory of PromptCache objects on the tiny model; closes them after the test."""
+def cache_factory(default_model):
+    """Yields a factory of PromptCache objects (small test defaults, `default_model` unless told), then closes them."""
     from pc_cpu import PromptCache
 
     made = []
@@ -60,13 +59,19 @@ def make_cache(tiny_model_path):
         options.setdefault("n_ctx", 1024)
         options.setdefault("threads", 2)
         options.setdefault("n_seq_max", 16)
-        cache = PromptCache(model or tiny_model_path, **options)
+        cache = PromptCache(model or default_model, **options)
         made.append(cache)
         return cache
 
     yield make
     for cache in made:
         cache.close()
+
+
+@pytest.fixture
+def make_cache(tiny_model_path):
+    """Returns a factory of PromptCache objects on the tiny model; closes them after the test."""
+    yield from cache_factory(tiny_model_path)
 
 
 def packaged_model_path(name: str) -> pathlib.Path:

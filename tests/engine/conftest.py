@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.models import MODELS
-from tests.conftest import packaged_model_path
+from tests.conftest import cache_factory, packaged_model_path
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,18 +43,4 @@ def engine_model(request, tiny_model_path):
 @pytest.fixture
 def make_cache(engine_model):
     """Returns a factory of PromptCache objects (default: on `engine_model`); closes them after the test."""
-    from pc_cpu import PromptCache
-
-    made = []
-
-    def make(model=None, **options):
-        options.setdefault("n_ctx", 1024)
-        options.setdefault("threads", 2)
-        options.setdefault("n_seq_max", 16)
-        cache = PromptCache(model or engine_model, **options)
-        made.append(cache)
-        return cache
-
-    yield make
-    for cache in made:
-        cache.close()
+    yield from cache_factory(engine_model)
