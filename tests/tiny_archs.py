@@ -27,19 +27,24 @@ def _matrix(rng: np.random.Generator, n_out: int, n_in: int) -> np.ndarray:
     return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
 
 
+def _ssm_hparams(w: GGUFWriter, *, n_layer: int, d_conv: int, d_inner: int, d_state: int, dt_rank: int) -> None:
+    """Writes the keys every Mamba-style architecture requires."""
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(n_layer)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_layer_norm_rms_eps(1e-5)
+
+
 def write_tiny_mamba_gguf(path: pathlib.Path) -> pathlib.Path:
     """Writes a 1-layer Mamba: recurrent memory."""
     d_inner, d_state, d_conv, dt_rank = 2 * N_EMBD, 4, 4, 2  # llama.cpp requires d_inner = 2 * n_embd
 
     def hparams(w: GGUFWriter) -> None:
-        w.add_context_length(N_CTX)
-        w.add_embedding_length(N_EMBD)
-        w.add_block_count(N_LAYER)
-        w.add_ssm_conv_kernel(d_conv)
-        w.add_ssm_inner_size(d_inner)
-        w.add_ssm_state_size(d_state)
-        w.add_ssm_time_step_rank(dt_rank)
-        w.add_layer_norm_rms_eps(1e-5)
+        _ssm_hparams(w, n_layer=N_LAYER, d_conv=d_conv, d_inner=d_inner, d_state=d_state, dt_rank=dt_rank)
 
     def weights(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
         out = {"token_embd.weight": _matrix(rng, n_vocab, N_EMBD)}
@@ -69,17 +74,10 @@ def write_tiny_jamba_gguf(path: pathlib.Path) -> pathlib.Path:
     head_dim = N_EMBD // n_head
 
     def hparams(w: GGUFWriter) -> None:
-        w.add_context_length(N_CTX)
-        w.add_embedding_length(N_EMBD)
-        w.add_block_count(2)
+        _ssm_hparams(w, n_layer=2, d_conv=d_conv, d_inner=d_inner, d_state=d_state, dt_rank=dt_rank)
         w.add_feed_forward_length(n_ff)
         w.add_head_count(n_head)
         w.add_head_count_kv([0, n_head_kv])  # 0 KV heads marks the recurrent layer
-        w.add_ssm_conv_kernel(d_conv)
-        w.add_ssm_inner_size(d_inner)
-        w.add_ssm_state_size(d_state)
-        w.add_ssm_time_step_rank(dt_rank)
-        w.add_layer_norm_rms_eps(1e-5)
 
     def weights(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
         ones = lambda n: np.ones(n, np.float32)  # noqa: E731
