@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-# The 1.5B model takes ~3x the 0.5B's time (about half an hour for this suite on 2 cores): -m slow runs it.
+# The 1.5B model takes ~3x the 0.5B's time (the 0.5B's pass of this suite: ~6-11 min on 2 cores): -m slow runs it.
 ENGINE_MODELS = ["tiny", *(pytest.param(name, marks=pytest.mark.slow) if name == "qwen2.5-coder-1.5b" else name
                            for name in MODELS)]
 
