@@ -69,7 +69,8 @@ class PromptCache:
         """Loads the model and creates the context.
 
         Args:
-            model: a GGUF path; None uses $PC_CPU_MODEL or the installed default (SmolLM2-135M).
+            model: a model name (pc_cpu.models, e.g. "qwen2.5-coder-0.5b") or a GGUF path; None uses
+                $PC_CPU_MODEL or the default, smollm2-135m.
             n_ctx: KV cells of the library (resident modules), and positions of one prompt: each of the
                 `parallel` prompt slots has a stream of n_ctx cells of its own. None: the model's training
                 context, at most 8192.

@@ -49,8 +49,9 @@ def _open_disk_store(store_dir):
 encoding_option = click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
                                help="How modules are encoded: preamble, independent (the paper's), or chain "
                                     "(see the README).")
-model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
-                            help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
+model_option = click.option("--model", default=None, metavar="NAME|PATH",
+                            help="A model name (see `pc-cpu models`) or a GGUF file (default: $PC_CPU_MODEL, "
+                                 "else smollm2-135m).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None, help="CPU threads (default: all).")
 ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=None,
                           help="KV cells for schemas and prompts (default: model's, at most 8192).")
@@ -203,6 +204,24 @@ def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, schemas, m
                    f"{'; send Authorization: Bearer <key>' if api_key else ''}", err=True)
         serve_app(pc, host=host, port=port, api_key=api_key, insecure=insecure, max_body_bytes=max_body_bytes,
                   max_schemas=max_schemas)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per model.")
+def models(as_json):
+    """List the models pc_cpu knows by name, and whether each is installed.
+
+    Example: pc-cpu models; then pc-cpu run PROMPT --schema FILE --model qwen2.5-coder-0.5b
+    """
+    from dataclasses import asdict
+
+    from pc_cpu.models import catalog
+
+    for row in catalog():
+        state = "installed" if row.installed else f'not installed: pip install ".[{row.name}]"'
+        click.echo(json.dumps(asdict(row)) if as_json else
+                   f"{row.name:<20} {row.architecture:<7} {_human_bytes(row.size):>10}  {state}"
+                   f"{'  (default)' if row.default else ''}")
 
 
 @cli.group()

@@ -63,6 +63,10 @@ class DataMissingError(PromptCacheError):
     """A data file a command needs (e.g. the benchmarks' evaluation sets) is missing or unreadable."""
 
 
+class UnsupportedModelError(ModelError):
+    """The model loads, but its architecture breaks an assumption modular caching rests on."""
+
+
 class EngineError(PromptCacheError):
     """llama.cpp refused an operation; the message says what its return code means."""
 

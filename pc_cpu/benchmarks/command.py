@@ -15,8 +15,9 @@ import click
 from pc_cpu.benchmarks.recompute import DEFAULT_POLICIES
 from pc_cpu.pml.encoding import ENCODING_MODES
 
-model_option = click.option("--model", type=click.Path(dir_okay=False), default=None,
-                            help="GGUF model file (default: $PC_CPU_MODEL, else the installed SmolLM2-135M).")
+model_option = click.option("--model", default=None, metavar="NAME|PATH",
+                            help="A model name (see `pc-cpu models`) or a GGUF file (default: $PC_CPU_MODEL, "
+                                 "else smollm2-135m).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=2, show_default=True)
 quick_option = click.option("--quick", is_flag=True, help="A size that fits in a few minutes.")
 # The small models restate the 36-character key (~30 tokens) before giving the value (~30 more):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import llama_cpp
 
+from pc_cpu.engine.architecture import ArchitectureFacts, refusal
 from pc_cpu.engine.log import set_llama_verbose
-from pc_cpu.errors import ModelError, ModelLoadError
+from pc_cpu.errors import ModelError, ModelLoadError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class Model:
             raise ModelLoadError(f"llama.cpp could not load model file {str(self.path)!r} (not a GGUF file, "
                                  "truncated, or an architecture it does not support); download it again or pass "
                                  "--model PATH to another .gguf (--verbose shows llama.cpp's reason)")
+        reason = refusal(self.architecture())
+        if reason:
+            self.close()
+            raise UnsupportedModelError(f"cannot serve {self.path.name!r}: {reason}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         add_bos = llama_cpp.llama_vocab_get_add_bos(self._vocab)
@@ -61,6 +66,15 @@ class Model:
     def handle(self):
         """Returns the llama_model pointer for the engine's Context."""
         return self._model
+
+    def architecture(self) -> ArchitectureFacts:
+        """Returns what llama.cpp read from the GGUF about the kind of model this is."""
+        m = self._model
+        return ArchitectureFacts(
+            architecture=self.metadata("general.architecture") or "unknown",
+            rope_type=llama_cpp.llama_model_rope_type(m), recurrent=llama_cpp.llama_model_is_recurrent(m),
+            hybrid=llama_cpp.llama_model_is_hybrid(m), has_encoder=llama_cpp.llama_model_has_encoder(m),
+            diffusion=llama_cpp.llama_model_is_diffusion(m))
 
     def _read_info(self) -> ModelInfo:
         buf = ctypes.create_string_buffer(256)

@@ -82,7 +82,10 @@ def test_layer_values_read_the_same_with_v_transposed_or_not(make_cache):
         values.append(state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), 1))
     (p1, k1, v1), (p2, k2, v2) = values
     assert p1.tolist() == p2.tolist()
-    assert np.allclose(k1, k2, atol=1e-2) and np.allclose(v1, v2, atol=1e-2) and np.abs(v1).max() > 0
+    # Flash attention changes layer 0's rounding, so layer 1's values move a little on real models;
+    # a V read in the wrong layout would not be close at all.
+    for a, b in ((k1, k2), (v1, v2)):
+        assert np.linalg.norm(a - b) < 0.05 * np.linalg.norm(a)  # measured: up to 2.6% (Gemma 3)
 
 
 # --- assembly -----------------------------------------------------------------------------------
@@ -123,6 +126,9 @@ def test_module_by_module_refresh_recomputes_the_same_cells(make_cache):
 
 def test_selection_recomputes_the_most_deviating_cells_in_place(make_cache):
     cache = make_cache()
+    if cache.model.info.n_swa:
+        pytest.skip("reads layer values from a saved state, which leaves sliding-window cells out; "
+                    "tests/engine/test_gemma.py checks selection on Gemma 3")
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="select:30%")
     cache.prefill(plan, use_cache=True)
@@ -151,6 +157,7 @@ def test_select_zero_is_the_cached_answer(make_cache):
             == cache.generate(GAP_FREE, max_tokens=8).token_ids)
 
 
+@pytest.mark.tiny_only  # a real model rounds a token by the batch it is in, and that batch is other prompts
 def test_concurrent_prompts_with_selection_get_their_single_request_answers(make_cache):
     from tests.engine.test_scheduler import QUESTIONS, SCHEMA, prompt, run_in_threads
 

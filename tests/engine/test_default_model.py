@@ -1,9 +1,8 @@
-"""Short checks on the real default model (SmolLM2-135M): behaviour, not one quantization's answers.
+"""Short checks on the installed packaged models: behaviour and sensible answers, not one quantization's tokens.
 
-A 135M Q4 model flips near-tied greedy tokens when its cells sit in other KV slots, so these tests
-pin no answer text. They check that answers are text, that a prompt run twice answers the same
-tokens, how cached and baseline runs of the same tokens relate, and that where the math says so
-(a module computed after the same text as in a full prefill) the cached run is the full prefill.
+A small Q4 model flips near-tied greedy tokens when a computation changes, so no answer text is pinned
+beyond the facts the documents state. Where the math says so (a module computed after the same text as
+in a full prefill) the cached run is the full prefill.
 """
 
 from __future__ import annotations
@@ -59,3 +58,33 @@ def test_module_right_after_the_system_message_gives_the_full_prefill(make_cache
     assert_answered(answer, 16)
     assert answer.cached_tokens > 0
     assert answer.token_ids == fresh.generate(EXACT_PROMPT, max_tokens=16, use_cache=False).token_ids
+
+
+def test_cached_demo_answers_come_from_the_documents(packaged_cache):
+    packaged_cache.load_schema(demo_schema())
+    doc, question = QUESTIONS[1]  # the Calder Light: automated in 1987
+    cached = packaged_cache.generate(demo_prompt(doc, question), max_tokens=24)
+    baseline = packaged_cache.generate(demo_prompt(doc, question), max_tokens=24, use_cache=False)
+    assert "1987" in cached.text and "1987" in baseline.text
+    assert cached.cached_tokens > 250 and cached.uncached_tokens < 40
+
+
+def test_each_union_member_answers_its_own_question(packaged_cache):
+    packaged_cache.load_schema(demo_schema())
+    expected = {"observatory": "41,000", "railway": "212"}
+    for doc, question in QUESTIONS:
+        if doc in expected:
+            answer = packaged_cache.generate(demo_prompt(doc, question), max_tokens=32).text
+            assert expected[doc] in answer, (doc, answer)
+
+
+def test_module_right_after_the_system_message_matches_the_baseline_tokens(packaged_cache):
+    schema = ('<schema name="exact"><system>You are a helpful assistant.</system><user><module name="doc">'
+              'The capital of the fictional country of Norland is Vesterhavn, a port city of 80,000 people.'
+              '</module></user></schema>')
+    packaged_cache.load_schema(schema)
+    prompt = '<prompt schema="exact"><doc/><user>What is the capital of Norland?</user></prompt>'
+    cached = packaged_cache.generate(prompt, max_tokens=16)
+    baseline = packaged_cache.generate(prompt, max_tokens=16, use_cache=False)
+    assert cached.token_ids == baseline.token_ids
+    assert "Vesterhavn" in cached.text

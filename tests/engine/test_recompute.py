@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pc_cpu.cache import PROMPT_SEQ
-from tests.conftest import cell_positions, prefill_logits
+from pc_cpu.pml.plan import CopyCells
+from tests.conftest import batched_prefill_logits, cell_positions, prefill_logits
 from tests.engine.test_assembly import PROMPTS, SCHEMA
 
 DOCS = ('<schema name="d"><module name="a">The keeper wrote the weather in a book every evening.</module>'
@@ -20,11 +21,12 @@ def test_recomputing_everything_gives_the_full_prefill_logits(make_cache):
     cache, fresh = make_cache(), make_cache()
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="all")
-    assert plan.cached_tokens == 0
+    copied = [op for op in plan.ops if isinstance(op, CopyCells)]
+    assert all(op.module == "#root" for op in copied)  # only the preamble (BOS, where the model has one) is cached
     cache.prefill(plan, use_cache=True)
     recomputed = cache.prompts.logits()
     cache.prompts.seq_rm(PROMPT_SEQ)
-    baseline = prefill_logits(fresh, DOCS, GAP_FREE, use_cache=False)
+    baseline = batched_prefill_logits(fresh, DOCS, GAP_FREE, [op.start + len(op.tokens) for op in copied])
     assert np.abs(recomputed - baseline).max() == 0.0
     assert (cache.generate(GAP_FREE, max_tokens=8, recompute="all").token_ids
             == fresh.generate(GAP_FREE, max_tokens=8, use_cache=False).token_ids)

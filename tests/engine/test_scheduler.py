@@ -36,6 +36,7 @@ def run_in_threads(fn, items):
     return results
 
 
+@pytest.mark.tiny_only  # a real model rounds a token by the batch it shares with other prompts
 def test_concurrent_prompts_get_their_single_request_answers(make_cache):
     cache = make_cache(parallel=4)
     cache.load_schema(SCHEMA)
@@ -44,6 +45,7 @@ def test_concurrent_prompts_get_their_single_request_answers(make_cache):
     assert together == alone
 
 
+@pytest.mark.tiny_only  # a real model rounds a token by the batch it shares with other prompts (Gemma 3 flipped one)
 def test_concurrent_streams_give_the_streamed_text_and_share_module_cells(make_cache):
     cache = make_cache(parallel=8)
     cache.load_schema(SCHEMA)
@@ -53,6 +55,7 @@ def test_concurrent_streams_give_the_streamed_text_and_share_module_cells(make_c
     assert cache.resident_cells == resident  # one copy of the module however many prompts read it
 
 
+@pytest.mark.tiny_only  # counts every token up to max_tokens: a real model ends some answers early
 def test_prompts_really_run_together(make_cache):
     cache = make_cache(parallel=4)
     cache.load_schema(SCHEMA)
