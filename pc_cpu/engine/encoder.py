@@ -71,14 +71,12 @@ def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, 
     run = job.run
     work.seq_rm(seq)
     try:
-        n_context = len(job.context)
-
-        def report(lo: int, hi: int) -> None:  # chunk indices count the context first
-            if on_computed is not None and hi > n_context:
-                on_computed(hi - max(lo, n_context))
-
-        work.decode(job.context + run.tokens, range(job.first_position, run.end), seq, logits_last=False,
-                    after_chunk=report)
+        # The context in a batch of its own, then the run: the batches a full prefill split at the
+        # run's start computes, and those of the preamble's own encoding (kernels round by batch).
+        if job.context:
+            work.decode(job.context, range(job.first_position, run.start), seq, logits_last=False)
+        work.decode(run.tokens, range(run.start, run.end), seq, logits_last=False,
+                    after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
         if job.context:
             work.seq_rm(seq, job.first_position, run.start)
         blob = state_blob.restream(work.state_get(seq), ctx.n_stream)
