@@ -589,11 +589,6 @@ def _writable_view(out: bytearray | memoryview) -> memoryview:
 
 # --- order -----------------------------------------------------------------------------------
 
-def is_position_ordered(blob: BlobLike) -> bool:
-    """Returns True when every KV cache's cells in `blob` stand in increasing position order."""
-    return all(bool(np.all(np.diff(sec.positions) > 0)) for sec in _layout_parse(blob).sections)
-
-
 def order_by_position(blob: BlobLike) -> BlobLike:
     """Returns `blob` with each KV cache's cells (records, K rows, V rows or V elements) sorted by position.
 

@@ -33,10 +33,20 @@ PROMPTS = [
 ]
 
 
-def answers(cache, max_tokens: int = 12) -> tuple[list[list[int]], list[set[str]]]:
-    """Returns each prompt's greedy token ids and the tiers that served its modules."""
+def answers(cache, max_tokens: int = 12) -> tuple[list, list[set[str]]]:
+    """Returns each prompt's greedy token ids and last prompt-token logits, and the tiers that served its modules."""
     results = [cache.generate(p, max_tokens=max_tokens) for p in PROMPTS]
-    return [r.token_ids for r in results], [set(r.tiers.values()) for r in results]
+    return [(r.token_ids, prompt_logits(cache, p).tobytes()) for r, p in zip(results, PROMPTS)], \
+        [set(r.tiers.values()) for r in results]
+
+
+def prompt_logits(cache, prompt: str, *, use_cache: bool = True) -> np.ndarray:
+    """Returns the logits after the prompt's last token, its cells built as generate builds them."""
+    cache.prefill(cache.plan(prompt), use_cache=use_cache)
+    try:
+        return cache.prompts.logits()
+    finally:
+        cache.prompts.seq_rm(PROMPT_SEQ)
 
 
 def check_every_tier_gives_the_same_answers(make_cache, model, tmp_path) -> None:
@@ -57,7 +67,7 @@ def check_every_tier_gives_the_same_answers(make_cache, model, tmp_path) -> None
     from_disk, tiers = answers(second)
     assert tiers[0] == {"disk"} and "encoded" not in set().union(*tiers)
 
-    assert all(len(ids) > 0 for ids in fresh)
+    assert all(len(ids) > 0 for ids, _ in fresh)
     assert resident == fresh
     assert from_ram == fresh
     assert from_disk == fresh
@@ -100,12 +110,15 @@ def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_cach
     cache.load_schema(SCHEMA)
     plan = cache.plan(PROMPTS[0])
     ours = cache.generate(PROMPTS[0], max_tokens=16, use_cache=False).token_ids
+    our_logits = prompt_logits(cache, PROMPTS[0], use_cache=False)
 
     llama = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=False,
                             verbose=False)
     try:
         theirs = []
         llama.eval(list(plan.tokens))
+        their_logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, -1),
+                                             shape=(llama.n_vocab(),)).copy()
         for _ in range(16):
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, -1), shape=(llama.n_vocab(),))
             token = int(np.argmax(logits))
@@ -117,3 +130,4 @@ def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_cach
         llama.close()
     assert len(ours) > 0
     assert ours == theirs
+    assert np.abs(our_logits - their_logits).max() == 0.0
