@@ -31,12 +31,15 @@ from pc_cpu.engine.model import Model
 from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import SamplingParams
-from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler, prefill_slot
+from pc_cpu.engine.documents import DocumentEncoder, DocumentWork
+from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import ContextOverflowError, PromptCacheError, UnknownSchemaError
+from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.pml.encoding import check_mode, check_scaffolds, encoding_keys, encoding_runs, scratch_cells
+from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens,
+                                  tail_tokens)
+from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.layout import Layout, build_layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
@@ -46,8 +49,10 @@ from pc_cpu.pml.schema import Schema, parse_schema
 from pc_cpu.progress import ProgressCallback, ProgressTracker
 from pc_cpu.result import Result
 from pc_cpu.store.disk import DiskStore, default_store_dir
+from pc_cpu.store.documents import Document, DocumentLibrary, document_label
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
+from pc_cpu.store.state_blob import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)
@@ -110,10 +115,14 @@ class PromptCache:
         self.scratch_seq = parallel
         self._resident = ResidentTier(list(range(parallel + 2, n_seq_max)))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+        disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
+        self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None)
+        rope = _movable_rope(self.model)
+        self._documents = DocumentEncoder(self.prompts, parallel, self.store, rope)
         # Sliding-window models keep encoding in the library: their long runs rely on the pin there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
-                                   mode=self.encoding, workspace=workspace)
+                                   mode=self.encoding, workspace=workspace, rope=rope)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock)
 
@@ -171,7 +180,7 @@ class PromptCache:
         # One encoding at a time: a schema larger than the context evicts its own earlier
         # modules from the context; they stay in the byte tiers.
         for key in keys:
-            self.modules.ensure(layout, [key], source=loaded.schema.source, on_computed=tracker.computed)
+            self.modules.ensure(layout, [key], on_computed=tracker.computed)
             tracker.finished(key)
         if not keys and progress is not None:
             progress(tracker.last)  # nothing to encode: one event, already finished
@@ -216,12 +225,11 @@ class PromptCache:
             raise UnknownSchemaError(f"schema {name!r} is not loaded (loaded: {known}); load it first") from None
 
     def _check_fits(self, layout: Layout) -> None:
-        if layout.length >= self.ctx.n_ctx:
+        if layout.length > self.ctx.n_ctx:
             raise ContextOverflowError(f"schema {layout.schema!r} spans {layout.length} positions but the context "
                                        f"has {self.ctx.n_ctx}; raise n_ctx or split the schema")
-        largest = max((len(r.tokens) for key in encoding_keys(layout, self.encoding)
-                       for r in encoding_runs(layout, key, self.encoding)), default=0)
-        needed = largest + scratch_cells(layout, self.encoding)
+        needed = max((encode_cells(layout, key, self.encoding) for key in encoding_keys(layout, self.encoding)),
+                     default=0)
         if needed > self.ctx.n_ctx:
             raise ContextOverflowError(
                 f"schema {layout.schema!r} has an encoding that needs {needed} KV cells to compute, but the "
@@ -269,8 +277,104 @@ class PromptCache:
             loaded = self._loaded(plan.schema)
             if plan.selected_tokens and use_cache:
                 self._ensure_blender()
-        job = Job(plan, loaded.layout, loaded.schema.source, sampling, max_tokens, tuple(stop or ()), use_cache, t0)
-        return Stream(self._scheduler.submit(job))
+        work = SchemaPrompt(plan, loaded.layout, use_cache, self.ctx, self.prompts, self.modules,
+                            lambda: self._scheduler.blender)
+        return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
+
+    # --- documents ------------------------------------------------------------
+
+    def add_document(self, text: str, *, name: str | None = None, system: str | None = None) -> str:
+        """Returns the document's id after encoding it once (the same text always gets the same id).
+
+        The encoding goes to the store, so later processes sharing it encode nothing. A
+        document is encoded after its preamble (pc_cpu.pml.documents): `system` encodes it
+        for the system message that `ask` will be given (None: no system message); asking
+        with another system message encodes it for that one on first use.
+
+        Raises:
+            DocumentError: empty text, text too long for the context, or a name already used for other text.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise DocumentError(f"document {name or '(unnamed)'} is empty; give it some text")
+        self._documents.check_supported()
+        tokens = document_tokens(text, self.model)
+        preamble = preamble_tokens(system, self.model, self.markup)
+        room = self.ctx.n_ctx - len(preamble) - 1
+        if len(tokens) > room:
+            raise DocumentError(
+                f"document {name or document_id(text)} has {len(tokens)} tokens but a prompt holds {self.ctx.n_ctx} "
+                f"positions, {room} of them after the preamble and before one generated token; split the "
+                "document or raise n_ctx")
+        doc_id = document_id(text)
+        with self._lock:
+            self.library.add(doc_id, text, name)
+            self._documents.document_blob(preamble, doc_id, tokens)
+        return doc_id
+
+    def remove_document(self, id_or_name: str) -> None:
+        """Forgets a document and deletes its encodings from every tier; other documents are untouched.
+
+        Raises:
+            UnknownDocumentError: nothing has this id or name.
+        """
+        with self._lock:
+            doc = self.library.resolve(id_or_name)
+            label = document_label(doc.id)
+            for tier in self.store.tiers:
+                for key in [k for k in tier.keys() if k.label == label]:
+                    tier.remove(key)
+            self.library.remove(doc.id)
+
+    def list_documents(self) -> list[Document]:
+        """Returns every document of the library (id, text, names, added), oldest first."""
+        return self.library.all()
+
+    def ask(self, question: str, *, documents: Sequence[str], system: str | None = None, max_tokens: int = 256,
+            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (),
+            use_cache: bool = True) -> Result:
+        """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
+
+        The documents' cells are restored from their encodings and moved into place; only
+        the question is computed. use_cache=False is the baseline: a full prefill of the
+        identical tokens. Result.modules lists the document ids; Result.tiers says which
+        tier served each (and "#preamble" the system message's).
+        """
+        stream = self.stream_ask(question, documents=documents, system=system, max_tokens=max_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
+                                 use_cache=use_cache)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream_ask(self, question: str, *, documents: Sequence[str], system: str | None = None,
+                   max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                   seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True) -> "Stream":
+        """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
+        t0 = time.perf_counter()
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling.validate()
+        if max_tokens < 1:
+            raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
+        if isinstance(documents, str):
+            raise DocumentError("documents must be a list of ids or names, not one string; e.g. documents=[id]")
+        if use_cache:
+            self._documents.check_supported()
+        with self._lock:
+            docs = [self.library.resolve(d) for d in documents]
+        prompt = layout_documents(preamble_tokens(system, self.model, self.markup),
+                                  [(doc.id, document_tokens(doc.text, self.model)) for doc in docs],
+                                  tail_tokens(question, self.model, self.markup))
+        if prompt.end >= self.prompts.n_ctx:
+            raise ContextOverflowError(
+                f"the question over these {len(docs)} documents needs {prompt.end} positions and one more to "
+                f"answer, but a prompt holds {self.prompts.n_ctx}; ask with fewer or shorter documents, or raise n_ctx")
+        work = DocumentWork(prompt, self._documents, use_cache)
+        return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
+
+    @property
+    def documents_encoded(self) -> int:
+        """Returns how many preambles and documents this instance computed (a warm store keeps it at 0)."""
+        return self._documents.encoded
 
     def prepare(self, plan: Plan, *, use_cache: bool, reserve: int = 1) -> dict[str, str]:
         """Makes the plan's encodings resident with room for the prompt; returns the tier that served each.
@@ -281,7 +385,7 @@ class PromptCache:
             loaded = self._loaded(plan.schema)
             new_cells = plan.uncached_tokens + plan.selected_tokens if use_cache else 0
             keys = plan.encodings if use_cache else ()
-            return self.modules.ensure(loaded.layout, keys, source=loaded.schema.source, reserve=new_cells + reserve)
+            return self.modules.ensure(loaded.layout, keys, reserve=new_cells + reserve)
 
     def prefill(self, plan: Plan, *, use_cache: bool) -> int:
         """Builds the prompt's KV cache in stream PROMPT_SEQ of `prompts`; returns the position generation continues at.
@@ -293,7 +397,7 @@ class PromptCache:
             self.prepare(plan, use_cache=use_cache)
             if plan.selected_tokens and use_cache:
                 self._ensure_blender()
-            return prefill_slot(self.ctx, self.modules, plan, PROMPT_SEQ, use_cache=use_cache, prompts=self.prompts,
+            return prefill_slot(self.ctx, self.modules, self._loaded(plan.schema).layout, plan, PROMPT_SEQ, use_cache=use_cache, prompts=self.prompts,
                                 blender=self._scheduler.blender)
 
     def _ensure_blender(self) -> Blender:
@@ -311,6 +415,20 @@ class PromptCache:
             name = parse_schema(schema_pml).name
             if name not in self._schemas or self._schemas[name].schema.source != schema_pml:
                 self.load_schema(schema_pml)
+
+
+def _movable_rope(model: Model) -> RopeParams | None:
+    """Returns the model's RoPE when saved cells can be moved (relocated) for it, else None.
+
+    A sliding-window model keeps two KV caches per layer, which the relocator does not
+    rewrite; a RoPE it does not know (pc_cpu.store.state_blob.RopeMode) cannot be redone.
+    """
+    if model.info.n_swa:
+        return None
+    try:
+        return model.rope()
+    except ValueError:
+        return None
 
 
 def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:

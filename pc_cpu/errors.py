@@ -121,3 +121,11 @@ class CorruptEntryError(StoreError):
     def __init__(self, message: str, *, reason: str):
         super().__init__(message)
         self.reason = reason
+
+
+class DocumentError(PromptCacheError):
+    """A document cannot be added, found or used (pc_cpu.documents); the message names it and the fix."""
+
+
+class UnknownDocumentError(DocumentError):
+    """No document has this id or name."""

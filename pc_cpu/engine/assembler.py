@@ -9,15 +9,22 @@ from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 
 
-def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int], *, logits: bool = True) -> None:
+def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int], *, logits: bool = True,
+             place_moved: Callable[[CopyCells, int], None] | None = None) -> None:
     """Fills the empty sequence `seq` with the plan's cells; the last op's logits are then ready (if `logits`).
 
     `library_of` maps an encoding name (a module, or "scaffold:<name>") to the sequence holding it.
+    Cells the plan moves (CopyCells.moved) are placed by `place_moved(op, seq)` (a private, moved
+    copy: pc_cpu.engine.relocate), the others shared where they were encoded.
     """
     ctx.seq_rm(seq)
     last = len(plan.ops) - 1
     for i, op in enumerate(plan.ops):
-        if isinstance(op, CopyCells):
+        if isinstance(op, CopyCells) and op.moved:
+            if place_moved is None:
+                raise EngineError(f"module {op.module!r} is moved by the plan but no relocation was given")
+            place_moved(op, seq)
+        elif isinstance(op, CopyCells):
             ctx.seq_cp(library_of(op.encoding), seq, op.start, op.end)
         else:
             decode_at(ctx, seq, op, want_logits=logits and i == last)

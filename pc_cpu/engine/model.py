@@ -13,6 +13,7 @@ import llama_cpp
 from pc_cpu.engine.architecture import ArchitectureFacts, refusal
 from pc_cpu.engine.log import set_llama_verbose
 from pc_cpu.errors import ModelError, ModelLoadError, UnsupportedModelError
+from pc_cpu.store.state_blob import RopeMode, RopeParams
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,16 @@ class Model:
             n_head_kv=llama_cpp.llama_model_n_head_kv(self._model),
             n_embd_head=int(key_length) if key_length and key_length.isdigit() else n_embd // n_head,
             n_swa=llama_cpp.llama_model_n_swa(self._model), fingerprint=_fingerprint(self.path))
+
+    def rope(self) -> RopeParams:
+        """Returns how the model rotates K by position: what moving cells to other positions needs (relocate)."""
+        arch = self.metadata("general.architecture") or ""
+        rope_dims = self.metadata(f"{arch}.rope.dimension_count")
+        return RopeParams(n_rot=int(rope_dims) if rope_dims and rope_dims.isdigit() else self.info.n_embd_head,
+                          mode=RopeMode(llama_cpp.llama_model_rope_type(self._model)), n_head_kv=self.info.n_head_kv,
+                          head_dim=self.info.n_embd_head,
+                          freq_base=float(self.metadata(f"{arch}.rope.freq_base") or 10000.0),
+                          freq_scale=llama_cpp.llama_model_rope_freq_scale_train(self._model))
 
     def metadata(self, key: str) -> str | None:
         """Returns a GGUF metadata value as text, or None when the model does not have the key."""

@@ -14,18 +14,18 @@ The tiers say which one served each encoding ("context", "ram", "disk" or
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import Workspace, encode_key, pin_cells
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
-from pc_cpu.pml.encoding import encoded_after, encoding_keys, encoding_runs, scratch_cells
+from pc_cpu.pml.encoding import encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import native, parts, state_blob
 from pc_cpu.store.entry import Entry
-from pc_cpu.store.keys import StoreKey, schema_hash
+from pc_cpu.store.keys import StoreKey
 from pc_cpu.store.resident import ResidentTier
+from pc_cpu.store.state_blob import RopeParams
 from pc_cpu.store.tiers import Hit, TieredStore
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
     def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
-                 mode: str, workspace: Workspace | None = None):
+                 mode: str, workspace: Workspace | None = None, rope: RopeParams | None = None):
         self.ctx = ctx
         self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
         self.resident = resident
@@ -46,16 +46,32 @@ class ModuleCache:
         self.scratch = scratch
         self.pin = pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
+        self.rope = rope  # how to move cells for prompts that place modules elsewhere; None: llama.cpp's seq_add
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._blobs = native if native.available() else state_blob
+        self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
+        self._used_by: dict[str, set[StoreKey]] = {}  # schema -> the keys it made resident
 
-    def ensure(self, layout: Layout, keys: Iterable[str], *, source: str, reserve: int = 0,
-               pinned: Iterable[tuple[str, str]] = (),
+    def key_of(self, layout: Layout, key: str) -> StoreKey:
+        """Returns the content-addressed key of encoding `key` of `layout` (pc_cpu.store.keys)."""
+        memo = self._keys.get((layout.schema, key))
+        if memo is not None and memo[0] is layout:
+            return memo[1]
+        store_key = StoreKey(self.model_id, encoding_content(layout, key, self.mode), self.mode,
+                             label=f"{layout.schema}/{key}")
+        self._keys[(layout.schema, key)] = (layout, store_key)
+        return store_key
+
+    def sequence_of(self, layout: Layout, key: str) -> int | None:
+        """Returns the library sequence holding encoding `key` of `layout`, or None when it is not resident."""
+        return self.resident.get(self.key_of(layout, key))
+
+    def ensure(self, layout: Layout, keys: Iterable[str], *, reserve: int = 0, pinned: Iterable[StoreKey] = (),
                on_computed: Callable[[str, int], None] | None = None) -> dict[str, str]:
         """Makes every encoding in `keys` resident, leaving `reserve` cells free; returns the tier of each.
 
-        Encodings in `pinned` ((schema, key) pairs that running prompts read) are never evicted.
+        Encodings in `pinned` (keys that running prompts read) are never evicted.
         on_computed(key, n) hears of each decode batch of n tokens computed for an encoding in `keys`.
 
         Raises:
@@ -63,29 +79,28 @@ class ModuleCache:
         """
         wanted = set(keys)
         ordered = [key for key in encoding_keys(layout, self.mode) if key in wanted]
-        keep = {(layout.schema, key) for key in ordered} | set(pinned)
-        digest = schema_hash(source)
-        served = {key: self._ensure_one(layout, key, digest, keep, on_computed) for key in ordered}
+        keep = {self.key_of(layout, key) for key in ordered} | set(pinned)
+        self._used_by.setdefault(layout.schema, set()).update(keep)
+        served = {key: self._ensure_one(layout, key, keep, on_computed) for key in ordered}
         self._make_room(reserve, keep)
         return served
 
-    def _ensure_one(self, layout: Layout, key: str, digest: str, keep: set,
+    def _ensure_one(self, layout: Layout, key: str, keep: set,
                     on_computed: Callable[[str, int], None] | None = None) -> str:
-        resident_key = (layout.schema, key)
+        resident_key = store_key = self.key_of(layout, key)
         if self.resident.contains(resident_key):
             self.resident.touch(resident_key)
             return TIER_CONTEXT
         runs = encoding_runs(layout, key, self.mode)
-        store_key = StoreKey(self.model_id, digest, key, self.mode)
         hit = self._lookup(layout, key, store_key)
         if hit is not None and self._restore_or_forget(resident_key, store_key, hit, runs, keep):
             return hit.tier
-        keep = keep | self._make_neighbours_resident(layout, key, digest, keep)
-        self._make_room(sum(len(run.tokens) for run in runs) + scratch_cells(layout, self.mode), keep)
+        keep = keep | self._make_neighbours_resident(layout, key, keep)
+        self._make_room(encode_cells(layout, key, self.mode), keep)
         library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
         try:
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
-                       library_of=lambda other: self.resident.get((layout.schema, other)), workspace=self.workspace,
+                       library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,
                        on_computed=None if on_computed is None else lambda n: on_computed(key, n))
             self.encoded += 1
         except Exception:
@@ -112,7 +127,7 @@ class ModuleCache:
         self.store.remove(store_key)
         return False
 
-    def _make_neighbours_resident(self, layout: Layout, key: str, digest: str, keep: set) -> set:
+    def _make_neighbours_resident(self, layout: Layout, key: str, keep: set) -> set:
         """Makes resident what encoding `key` is computed after (chain mode: preamble and chain); returns their keys.
 
         The chain is followed back to the first neighbour that is resident or stored
@@ -125,29 +140,34 @@ class ModuleCache:
             return set()
         needed = set()
         if layout.cached_runs(ROOT):  # every link shares the preamble's cells too
-            self._ensure_one(layout, ROOT, digest, keep)
-            needed.add((layout.schema, ROOT))
+            self._ensure_one(layout, ROOT, keep)
+            needed.add(self.key_of(layout, ROOT))
         chain: list[str] = []
-        while neighbour is not None and not self.resident.contains((layout.schema, neighbour)):
+        while neighbour is not None and not self.resident.contains(self.key_of(layout, neighbour)):
             chain.append(neighbour)
-            if self.store is not None and self.store.contains(StoreKey(self.model_id, digest, neighbour, self.mode)):
+            if self.store is not None and self.store.contains(self.key_of(layout, neighbour)):
                 break  # existence only: _ensure_one reads it (a damaged file then walks on from there)
             neighbour = encoded_after(layout, neighbour, self.mode)
-        needed |= {(layout.schema, name) for name in chain}
+        needed |= {self.key_of(layout, name) for name in chain}
         if neighbour is not None:
-            needed.add((layout.schema, neighbour))
+            needed.add(self.key_of(layout, neighbour))
         for name in reversed(chain):
-            self._ensure_one(layout, name, digest, keep | needed)
+            self._ensure_one(layout, name, keep | needed)
         return needed
 
     def evict(self, schema: str | None = None) -> int:
-        """Frees the context cells of resident encodings (of one schema when given); returns cells freed.
+        """Frees the context cells of resident encodings (those one schema used, when given); returns cells freed.
 
         Their bytes stay in the byte tiers, so the next prompt restores instead of encoding.
+        An encoding two schemas share is one set of cells: evicting either schema frees it.
         """
         before = self.resident.cells
-        for key in self.resident.keys(schema):
-            self._drop(key)
+        used = None if schema is None else self._used_by.pop(schema, set())
+        for key in self.resident.keys():
+            if used is None or key in used:
+                self._drop(key)
+        if schema is None:
+            self._used_by.clear()
         return before - self.resident.cells
 
     def _drop(self, key) -> None:
@@ -170,7 +190,7 @@ class ModuleCache:
         if module is None or module.union is None:
             return self.store.get(store_key)
         members = layout.unions[module.union].members
-        served = self.store.prefetch([replace(store_key, module=m) for m in members])
+        served = self.store.prefetch([self.key_of(layout, m) for m in members])
         hit = self.store.get(store_key)
         return Hit(hit.entry, served[store_key]) if hit is not None and served.get(store_key) else hit
 

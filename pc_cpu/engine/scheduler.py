@@ -24,36 +24,91 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Protocol, Union
 
 from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
 from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.relocate import copy_moved
 from pc_cpu.engine.sampler import Sampler, SamplingParams
-from pc_cpu.engine.streams import move_to_stream, split_tail
+from pc_cpu.engine.streams import full_prefill, move_to_stream, split_tail
 from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, EngineError, PromptCacheError
 from pc_cpu.pml.encoding import encoding_runs
 from pc_cpu.pml.layout import ROOT, Layout
-from pc_cpu.pml.plan import DecodeTokens, Plan
+from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.result import Result
 
 log = logging.getLogger(__name__)
+
+
+class PromptWork(Protocol):
+    """A prompt as the scheduler sees it: its size, how to build its stream, what its Result reports.
+
+    Two kinds: SchemaPrompt (a PML prompt assembled from a schema's modules) and
+    pc_cpu.engine.documents.DocumentWork (a question over documents).
+    """
+
+    use_cache: bool
+
+    def positions(self) -> int:
+        """Returns the positions the prompt occupies in its stream before generating."""
+
+    def prepare(self) -> dict[str, str]:
+        """Makes the prompt's saved cells available; returns the tier that served each (Result.tiers)."""
+
+    def prefill(self, slot: int) -> int:
+        """Builds the prompt in the empty stream `slot`; returns where generation continues (logits ready)."""
+
+    def counts(self) -> tuple[int, int, list[str]]:
+        """Returns (cached tokens, computed tokens, modules or documents used) for the Result."""
+
+
+@dataclass
+class SchemaPrompt:
+    """A PML prompt: its plan against a loaded layout, assembled from the ModuleCache's encodings."""
+
+    plan: Plan
+    layout: Layout
+    use_cache: bool
+    ctx: Context
+    prompts: Context
+    modules: ModuleCache
+    blender: Callable[[], "Blender | None"]
+
+    def positions(self) -> int:
+        return self.plan.end if self.use_cache else len(self.plan.tokens)
+
+    def prepare(self) -> dict[str, str]:
+        keys = self.plan.encodings if self.use_cache else frozenset()
+        # Library cells the assembly computes beside the shared ones: arguments, recomputed tokens.
+        staged = split_tail(self.plan)[0]
+        moved = sum(len(op.tokens) for op in staged.ops if isinstance(op, CopyCells) and op.moved)
+        new_cells = (staged.uncached_tokens + staged.selected_tokens + moved + 1) if self.use_cache else 0
+        return self.modules.ensure(self.layout, keys, reserve=new_cells)
+
+    def prefill(self, slot: int) -> int:
+        return prefill_slot(self.ctx, self.modules, self.layout, self.plan, slot, use_cache=self.use_cache,
+                            prompts=self.prompts, blender=self.blender())
+
+    def counts(self) -> tuple[int, int, list[str]]:
+        plan = self.plan
+        modules = [m for m in plan.modules if m != ROOT]
+        if self.use_cache:
+            return plan.cached_tokens, plan.uncached_tokens, modules
+        return 0, len(plan.tokens), modules
 
 
 @dataclass(frozen=True)
 class Job:
     """One prompt to answer: what a caller submits."""
 
-    plan: Plan
-    layout: Layout
-    schema_source: str  # identifies the encodings in the byte tiers
+    work: PromptWork
     sampling: SamplingParams
     max_tokens: int
     stop: tuple[str, ...]
-    use_cache: bool
     t0: float  # perf_counter() when the caller asked: TTFT counts from here
 
 
@@ -108,7 +163,7 @@ class Request:
             self.events.put(Piece(text))
 
 
-def prefill_slot(ctx: Context, modules: ModuleCache, plan: Plan, slot: int, *, use_cache: bool,
+def prefill_slot(ctx: Context, modules: ModuleCache, layout: Layout, plan: Plan, slot: int, *, use_cache: bool,
                  prompts: Context, blender: "Blender | None" = None) -> int:
     """Builds `plan`'s KV cache in the empty stream `slot` of `prompts`; returns the position generation continues at.
 
@@ -118,22 +173,26 @@ def prefill_slot(ctx: Context, modules: ModuleCache, plan: Plan, slot: int, *, u
     own text is computed there. Baseline: a full prefill of the identical tokens at
     positions 0..n-1 in the stream.
     """
-    prompts.seq_rm(slot)
     if not use_cache:
-        tokens = plan.tokens
-        prompts.decode(tokens, range(len(tokens)), slot)
-        return len(tokens)
+        return full_prefill(prompts, plan.tokens, slot)
+    prompts.seq_rm(slot)
     head, tail = split_tail(plan)
     if head.ops:
-        library_of = lambda key: modules.resident.get((plan.schema, key))  # noqa: E731
+        library_of = lambda key: modules.sequence_of(layout, key)  # noqa: E731
         if head.selected_tokens:
             if blender is None:
                 raise EngineError("recompute 'select:…' needs the probe model; use PromptCache.generate")
             blender.assemble(head, slot, library_of)
         else:
-            assemble(ctx, head, slot, library_of, logits=False)
+            pending = []
+
+            def place_moved(op: CopyCells, seq: int) -> None:
+                pending.append(copy_moved(ctx, library_of(op.encoding), op.encoded_at, op.encoded_at + len(op.tokens),
+                                          op.start - op.encoded_at, seq, scratch=modules.scratch, rope=modules.rope))
+
+            assemble(ctx, head, slot, library_of, logits=False, place_moved=place_moved)
         move_to_stream(ctx, slot, prompts, slot, scratch=modules.scratch,
-                       shifted=any(isinstance(op, DecodeTokens) for op in head.ops))
+                       shifted=any(isinstance(op, DecodeTokens) for op in head.ops) or any(pending))
     for i, op in enumerate(tail):
         decode_at(prompts, slot, op, want_logits=i == len(tail) - 1)
     return plan.end
@@ -238,25 +297,19 @@ class Scheduler:
     def _start(self, request: Request) -> None:
         """Admits `request` into a free slot, builds its KV cache and samples its first token."""
         job, prompts = request.job, self.prompts
-        plan = job.plan
-        end = plan.end if job.use_cache else len(plan.tokens)
+        end = job.work.positions()
         cap = min(job.max_tokens, prompts.n_ctx - end)
         if cap < 1:
             raise ContextOverflowError(
                 f"prompt needs {end} positions and a prompt slot holds {prompts.n_ctx}: raise n_ctx or shorten "
                 "the prompt")
-        keys = plan.encodings if job.use_cache else frozenset()
-        # Library cells the assembly computes beside the shared ones: arguments, recomputed tokens.
-        staged = split_tail(plan)[0]
-        new_cells = (staged.uncached_tokens + staged.selected_tokens + 1) if job.use_cache else 0
-        request.tiers = self.modules.ensure(job.layout, keys, source=job.schema_source, reserve=new_cells)
+        request.tiers = job.work.prepare()
         request.slot = self._free.pop()
         request.cap = cap
         request.sampler = Sampler(job.sampling)
         request.decoder = TextDecoder(prompts.model, job.stop)
         self._active.append(request)
-        request.next_pos = prefill_slot(self.ctx, self.modules, plan, request.slot, use_cache=job.use_cache,
-                                        prompts=prompts, blender=self.blender)
+        request.next_pos = job.work.prefill(request.slot)
         token = request.sampler.sample(prompts.handle, -1)
         request.ttft_ms = (time.perf_counter() - job.t0) * 1000
         self._accept(request, token)
@@ -294,13 +347,11 @@ class Scheduler:
         self._release(request)
         job = request.job
         total = (time.perf_counter() - job.t0) * 1000
-        plan = job.plan
+        cached, uncached, modules = job.work.counts()
         result = Result(text="".join(request.text), token_ids=list(request.tokens),
-                        ttft_ms=request.ttft_ms or total, total_ms=total,
-                        cached_tokens=plan.cached_tokens if job.use_cache else 0,
-                        uncached_tokens=plan.uncached_tokens if job.use_cache else len(plan.tokens),
-                        finish_reason=reason, use_cache=job.use_cache,
-                        modules=[m for m in plan.modules if m != ROOT], tiers=request.tiers)
+                        ttft_ms=request.ttft_ms or total, total_ms=total, cached_tokens=cached,
+                        uncached_tokens=uncached, finish_reason=reason, use_cache=job.work.use_cache,
+                        modules=modules, tiers=request.tiers)
         request.events.put(Done(result))
 
     def _fail(self, request: Request, error: BaseException) -> None:

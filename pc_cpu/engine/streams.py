@@ -64,6 +64,13 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, 
     prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(blob), prompts.n_stream))
 
 
+def full_prefill(prompts: Context, tokens: tuple[int, ...], slot: int) -> int:
+    """Computes `tokens` at positions 0..n-1 of the empty stream `slot` (the baseline); returns n."""
+    prompts.seq_rm(slot)
+    prompts.decode(tokens, range(len(tokens)), slot)
+    return len(tokens)
+
+
 def open_prompt_streams(library: Context, streams: int) -> Context:
     """Returns a context like `library` whose `streams` sequences each own a stream of library.n_ctx cells."""
     return Context(library.model, replace(library.config, n_ctx=library.n_ctx, n_seq_max=streams, kv_unified=False))

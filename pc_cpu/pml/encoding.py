@@ -16,7 +16,7 @@ time is fixed. Three modes:
   closer to a full prefill's (bench/RESULTS.md), at no extra encoding cost. The
   price: a module's cells carry some of its neighbour's text even in a prompt that
   leaves the neighbour out, and changing one module changes the modules after it
-  (the store already keys every encoding by the whole schema's text).
+  (their content addresses include the neighbour's: encoding_content).
 
 When the context lies exactly at the positions before the run and is itself
 encoded (a module right after the system message), its cells are shared from
@@ -31,7 +31,10 @@ key `scaffold_key(x)` beside the members' own encodings (see ScaffoldJob).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from pc_cpu.errors import PromptCacheError, SchemaError
 from pc_cpu.pml.layout import ROOT, Layout, Run
@@ -125,13 +128,18 @@ def _shareable(layout: Layout, owners: list[str], before: list, run: Run) -> tup
     return tuple(ranges)
 
 
-def scratch_cells(layout: Layout, mode: str) -> int:
-    """Returns the most KV cells one encode job occupies at once in the scratch sequence."""
-    jobs = [job for name in layout.modules for job in encode_jobs(layout, name, mode)]
-    # A chain job's context is always shared (cells already counted where they are resident).
-    sizes = [(0 if job.after else len(job.context)) + len(job.run.tokens) for job in jobs]
-    sizes += [(0 if job.after else len(job.context)) + job.n_tokens for job in scaffold_jobs(layout, mode)]
-    return max(sizes, default=0)
+def encode_cells(layout: Layout, key: str, mode: str) -> int:
+    """Returns the most KV cells computing encoding `key` holds at once: its runs, and the context it computes.
+
+    A run's cells are computed once and shared (seq_cp) into the library, so they count
+    once; a chain job's context is shared from resident cells and counts nothing.
+    """
+    if key.startswith(SCAFFOLD_PREFIX):
+        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        return 0 if job is None else job.n_tokens + (0 if job.after else len(job.context))
+    jobs = encode_jobs(layout, key, mode)
+    runs = sum(len(job.run.tokens) for job in jobs)
+    return runs + max(((0 if job.after else len(job.context)) for job in jobs), default=0)
 
 
 # --- scaffolds ---------------------------------------------------------------------------------
@@ -248,3 +256,38 @@ def encoding_runs(layout: Layout, key: str, mode: str) -> tuple[Run, ...]:
         job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
         return job.runs if job else ()
     return layout.cached_runs(key)
+
+
+# --- content addresses -------------------------------------------------------------------------
+
+_CONTENT_TAG = "pc_cpu.content/1"  # bump if a recipe changes: every key changes, old store files miss
+
+
+def content_digest(*parts: Any) -> str:
+    """Returns the sha256 hex digest of JSON-able parts (ints, strings, lists of them), fields kept apart."""
+    canonical = json.dumps([_CONTENT_TAG, *parts], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def encoding_content(layout: Layout, key: str, mode: str) -> str:
+    """Returns the content digest of encoding `key`: what its cells depend on (pc_cpu.store.keys).
+
+    That is the tokens each job computes (its context, then its run) and the positions it
+    computes them at, and in chain mode the content of the neighbour whose cells it
+    attends to. Names do not enter it: the same text after the same preamble at the same
+    position is one encoding, whichever schema declares it.
+    """
+    check_mode(mode)
+    if key.startswith(SCAFFOLD_PREFIX):
+        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        if job is None:
+            return content_digest(mode, "scaffold", [])
+        return content_digest(mode, "scaffold", job.first_position, list(job.context),
+                              [[run.start, list(run.tokens)] for run in job.runs], _after(layout, job.after, mode))
+    jobs = [[job.first_position, list(job.context), job.run.start, list(job.run.tokens),
+             _after(layout, job.after, mode)] for job in encode_jobs(layout, key, mode)]
+    return content_digest(mode, "module", jobs)
+
+
+def _after(layout: Layout, neighbour: str | None, mode: str) -> str | None:
+    return None if neighbour is None else encoding_content(layout, neighbour, mode)

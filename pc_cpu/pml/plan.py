@@ -11,13 +11,21 @@ Scaffolds: when a prompt imports every member of a scaffold (one by one, or all
 at once by naming the scaffold, `<x/>`), the members' cells are shared from the
 scaffold's joint encoding (CopyCells.source = "scaffold:x") instead of their own.
 A prompt that imports only some members uses the members' own encodings.
+
+Order: a prompt that imports its top-level modules in schema order gets them at
+their schema positions, with the gaps the modules it leaves out make (the paper's
+layout): their cells are shared as they were encoded. A prompt that writes them in
+another order gets them in the order written, back to back after the preamble
+("packed", `_packed_ops`): each module's cells are then moved to the position the
+prompt gives them (CopyCells.home says where they were encoded). ROOT's text after
+the preamble follows the modules, then the prompt's own text.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
 from pc_cpu.errors import ArgumentTooLongError, PromptError
@@ -37,6 +45,16 @@ class CopyCells:
     start: int
     tokens: tuple[int, ...]  # what those cells encode (the baseline computes them)
     source: str | None = None  # None: the module's own encoding; "scaffold:<name>": that scaffold's joint one
+    home: int | None = None  # where the encoding holds these cells, when the prompt moves them elsewhere
+
+    @property
+    def encoded_at(self) -> int:
+        """Returns the first position the encoding holds these cells at (`start` unless the prompt moves them)."""
+        return self.start if self.home is None else self.home
+
+    @property
+    def moved(self) -> bool:
+        return self.encoded_at != self.start
 
     @property
     def encoding(self) -> str:
@@ -127,13 +145,70 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     text = _free_text_tokens(layout, prompt, tokenizer, markup)
     redo = (_recomputed_positions(layout, imported, recompute)
             | _relevant_positions(layout, imported, recompute.relevant, text))
-    ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer, redo)
+    order = _written_order(layout, prompt.imports)
+    if order == sorted(order, key=lambda name: layout.modules[name].start):
+        ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer, redo)
+        modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
+    else:
+        if recompute.select:
+            raise PromptError("recompute 'select:' needs the modules in schema order; import them in the order "
+                              "the schema declares them, or use another recompute policy")
+        ops = _packed_ops(layout, imported, order, tokenizer, redo)
+        modules = (ROOT,) + tuple(name for top in order for name in imported
+                                  if name == top or top in layout.ancestors(name))
     end = ops[-1].end if ops else 0
     if text:
         _append(ops, DecodeTokens(end, tuple(text), "prompt text"))
     ops = _ensure_last_is_decoded(ops)
-    modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
     return Plan(layout.schema, tuple(ops), modules, recompute.select, recompute.select_by_module)
+
+
+def _written_order(layout: Layout, imports: tuple[Import, ...]) -> list[str]:
+    """Returns the top-level modules in the order the prompt writes them (a scaffold import: its members)."""
+    order: list[str] = []
+    for item in imports:
+        if item.name in layout.scaffolds:
+            order += [m for m in layout.scaffolds[item.name].members if layout.modules[m].parent == ROOT]
+        else:
+            order.append(item.name)
+    return order
+
+
+def _packed_ops(layout: Layout, imported: dict[str, dict[str, str]], order: list[str], tokenizer: Tokenizer,
+                redo: frozenset[int]) -> list[Op]:
+    """Returns the ops of a prompt whose modules are placed in `order`, back to back after the preamble.
+
+    Each top-level module comes with the modules nested in it and its arguments, moved
+    as one block (gaps inside it, e.g. a short argument, stay). Every module uses its own
+    encoding: a scaffold's joint encoding holds its members in schema order.
+    """
+    own = {name: None for name in imported}
+    root = _module_ops(layout, {ROOT: {}}, own, tokenizer)
+    ops = [op for op in root if op.start < layout.preamble_end]
+    position = layout.preamble_end
+    for top in order:
+        block = {name: args for name, args in imported.items() if name == top or top in layout.ancestors(name)}
+        block_ops = _module_ops(layout, block, own, tokenizer, redo)
+        if not block_ops:
+            continue
+        delta = position - block_ops[0].start
+        for op in block_ops:
+            _append(ops, _shifted(op, delta))
+        position = block_ops[-1].end + delta
+    for op in root:  # ROOT's text after the preamble (e.g. a turn's closing markup): after every module
+        if op.start >= layout.preamble_end:
+            _append(ops, _shifted(op, position - op.start))
+            position += len(op.tokens)
+    return ops
+
+
+def _shifted(op: Op, delta: int) -> Op:
+    """Returns `op` placed `delta` positions later (earlier if negative); shared cells remember where they were encoded."""
+    if delta == 0:
+        return op
+    if isinstance(op, CopyCells):
+        return replace(op, start=op.start + delta, home=op.encoded_at)
+    return replace(op, start=op.start + delta)
 
 
 def _resolve_imports(layout: Layout, imports: tuple[Import, ...]) -> dict[str, dict[str, str]]:
@@ -313,8 +388,9 @@ def _append(ops: list[Op], op: Op) -> None:
     """Appends `op`, merged into the last op when both are contiguous and of one source (fewer calls)."""
     last = ops[-1] if ops else None
     if last is not None and last.end == op.start:
-        if isinstance(op, CopyCells) and isinstance(last, CopyCells) and last.module == op.module:
-            ops[-1] = CopyCells(op.module, last.start, last.tokens + op.tokens, op.source)
+        if (isinstance(op, CopyCells) and isinstance(last, CopyCells) and last.module == op.module
+                and last.encoded_at + len(last.tokens) == op.encoded_at):
+            ops[-1] = replace(last, tokens=last.tokens + op.tokens)
             return
         if isinstance(op, DecodeTokens) and isinstance(last, DecodeTokens):
             ops[-1] = DecodeTokens(last.start, last.tokens + op.tokens, last.what)
@@ -351,5 +427,5 @@ def _ensure_last_is_decoded(ops: list[Op]) -> list[Op]:
     last = ops[-1]
     if isinstance(last, DecodeTokens):
         return ops
-    head = [CopyCells(last.module, last.start, last.tokens[:-1], last.source)] if len(last.tokens) > 1 else []
+    head = [replace(last, tokens=last.tokens[:-1])] if len(last.tokens) > 1 else []
     return ops[:-1] + head + [DecodeTokens(last.end - 1, last.tokens[-1:], f"last token of module {last.module!r}")]

@@ -47,7 +47,7 @@ class Header:
 def encode_header(key: StoreKey, entry: Entry) -> bytes:
     """Returns the header bytes (fixed part + JSON meta) that precede `entry.payload` on disk."""
     meta = {
-        "model": key.model, "schema_hash": key.schema_hash, "module": key.module, "mode": key.mode,
+        "model": key.model, "content": key.content, "mode": key.mode, "label": key.label,
         "n_tokens": entry.n_tokens, "pos_start": entry.positions[0], "pos_end": entry.positions[1],
         "created": entry.created, "payload_len": entry.nbytes,
         "payload_sha256": hashlib.sha256(entry.payload).hexdigest(),
@@ -85,7 +85,9 @@ def read_header(f: BinaryIO) -> Header:
 def _parse_meta(raw: bytes, *, header_len: int) -> Header:
     try:
         meta = json.loads(raw.decode("utf-8"))
-        strings = [meta[k] for k in ("model", "schema_hash", "module", "mode", "payload_sha256")]
+        if "content" not in meta and "schema_hash" in meta:  # written before content keys: listed, never matched
+            meta = {**meta, "content": "schema:" + meta["schema_hash"], "label": meta.get("module", "")}
+        strings = [meta[k] for k in ("model", "content", "mode", "label", "payload_sha256")]
         ints = [meta[k] for k in ("n_tokens", "pos_start", "pos_end", "payload_len")]
         created = meta["created"]
     except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
@@ -94,9 +96,9 @@ def _parse_meta(raw: bytes, *, header_len: int) -> Header:
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ints) or not isinstance(
             created, (int, float)) or ints[1] > ints[2]:
         raise CorruptEntryError("header fields have the wrong types or ranges", reason="corrupt")
-    model, schema, module, mode, sha = strings
+    model, content, mode, label, sha = strings
     n_tokens, start, end, payload_len = ints
-    return Header(StoreKey(model, schema, module, mode), n_tokens, (start, end), float(created),
+    return Header(StoreKey(model, content, mode, label), n_tokens, (start, end), float(created),
                   payload_len, sha, header_len)
 
 

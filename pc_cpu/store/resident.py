@@ -10,10 +10,11 @@ bookkeeping, testable without a model; the engine does the llama.cpp calls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Hashable
 
 from pc_cpu.errors import SequenceBudgetError
 
-ModuleKey = tuple[str, str]  # (schema name, module name)
+ModuleKey = Hashable  # the engine uses content keys (pc_cpu.store.keys.StoreKey); anything with `label` is named by it
 Interval = tuple[int, int]  # positions [start, end)
 
 
@@ -73,7 +74,7 @@ class ResidentTier:
                 self.cells += sum(b - a for a, b in intervals)
                 return library.seq
         raise SequenceBudgetError(
-            f"no free sequence for module {key[1]!r} of schema {key[0]!r}: {len(self._libraries)} library "
+            f"no free sequence for {getattr(key, 'label', None) or key!r}: {len(self._libraries)} library "
             "sequences already hold modules at its positions (union members need one each); raise n_seq_max "
             "or unload a schema")
 
@@ -93,6 +94,6 @@ class ResidentTier:
         """Returns the library sequences that hold no module (free for scratch work until the next put)."""
         return [library.seq for library in self._libraries if not library.intervals]
 
-    def keys(self, schema: str | None = None) -> list[ModuleKey]:
-        """Returns the resident modules, of one schema when given."""
-        return [k for k in self._where if schema is None or k[0] == schema]
+    def keys(self) -> list[ModuleKey]:
+        """Returns the resident encodings' keys."""
+        return list(self._where)

@@ -100,7 +100,7 @@ def test_library_cells_survive_encoding_in_the_sliding_window_cache():
     # sequence's end, and purges the earlier positions; the pin sequence keeps every library cell shared.
     with gemma() as cache:
         cache.load_schema(MANY)
-        library = cache.modules.resident.get(("lamps", "d0"))
+        library = cache.modules.sequence_of(cache.layout("lamps"), "d0")
         assert cache.ctx.seq_pos_max(library) > cache.model.info.n_swa  # the library spans more than a window
         assert all_cells(cache, library) == list(range(cache.layout("lamps").length))
 
@@ -140,14 +140,14 @@ def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(t
         first.load_schema(LONG)
         module = first.layout("long").modules["doc"]
         assert module.end - module.start > first.model.info.n_swa
-        library = first.modules.resident.get(("long", "doc"))
+        library = first.modules.sequence_of(first.layout("long"), "doc")
         encoded = layer_values(first.ctx, library, (1, 0), first.scratch_seq)
-        (entry,) = [first.store.tiers[0].get(key) for key in first.store.tiers[0].keys() if key.module == "doc"]
+        (entry,) = [first.store.tiers[0].get(key) for key in first.store.tiers[0].keys() if key.label == "long/doc"]
         assert len(parts.unpack(entry.payload)) > 2
     with gemma(store=tmp_path) as second:
         second.load_schema(LONG)
         assert second.modules.encoded == 0
-        library = second.modules.resident.get(("long", "doc"))
+        library = second.modules.sequence_of(second.layout("long"), "doc")
         restored = layer_values(second.ctx, library, (1, 0), second.scratch_seq)
     assert sorted(restored[0].tolist()) == list(range(module.end))  # the preamble's cells and every one of doc's
     order = [np.argsort(column[0]) for column in (encoded, restored)]
@@ -161,12 +161,12 @@ def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, cap
     with gemma(store=tmp_path) as first:
         first.load_schema(LONG)
         module = first.layout("long").modules["doc"]
-        library = first.modules.resident.get(("long", "doc"))
+        library = first.modules.sequence_of(first.layout("long"), "doc")
         first.ctx.seq_cp(library, first.scratch_seq, module.start, module.end)
         whole = first.ctx.state_get(first.scratch_seq)  # how pc_cpu saved it before: llama.cpp drops old cells
         first.ctx.seq_rm(first.scratch_seq)
         for tier in first.store.tiers:
-            for key in [k for k in tier.keys() if k.module == "doc"]:
+            for key in [k for k in tier.keys() if k.label == "long/doc"]:
                 old = tier.get(key)
                 tier.put(key, Entry(whole, old.n_tokens, old.positions))
     with gemma(store=tmp_path) as second:

@@ -102,8 +102,8 @@ def test_scaffold_cells_are_kept_apart_from_the_members(make_cache):
     cache = make_cache()
     cache.load_schema(ADJACENT)
     layout = cache.layout("s")
-    own = cache._resident.get(("s", "a"))
-    joint = cache._resident.get(("s", scaffold_key("both")))
+    own = cache.modules.sequence_of(cache.layout("s"), "a")
+    joint = cache.modules.sequence_of(cache.layout("s"), scaffold_key("both"))
     assert own is not None and joint is not None and own != joint
     a, b = layout.modules["a"], layout.modules["b"]
     probe = cache.ctx.n_seq_max - 1
@@ -162,8 +162,8 @@ def test_moved_cells_are_re_rotated_before_anyone_reads_them(make_cache):
     cache = make_cache()
     cache.load_schema(GAPPED)
     b = cache.layout("g").modules["b"]
-    joint = layer0_keys(cache.ctx.state_get(cache._resident.get(("g", scaffold_key("both")))))
-    own = layer0_keys(cache.ctx.state_get(cache._resident.get(("g", "b"))))
+    joint = layer0_keys(cache.ctx.state_get(cache.modules.sequence_of(cache.layout("g"), scaffold_key("both"))))
+    own = layer0_keys(cache.ctx.state_get(cache.modules.sequence_of(cache.layout("g"), "b")))
     moved = np.stack([joint[p] for p in range(b.start, b.end)])
     direct = np.stack([own[p] for p in range(b.start, b.end)])
     assert np.abs(moved - direct).max() < 0.02 * np.abs(direct).max()
@@ -223,8 +223,8 @@ def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
     cache.load_schema(GAPPED)
     layout = cache.layout("g")
     resident = cache.modules.resident
-    held = sorted(p for key in resident.keys("g") for a, b in resident.intervals(key) for p in range(a, b))
+    held = sorted(p for key in resident.keys() for a, b in resident.intervals(key) for p in range(a, b))
     pinned = state_blob._layout_parse(cache.ctx.state_get(cache.modules.pin)).sections[0].positions
-    scaffold = resident.intervals(("g", scaffold_key("both")))
+    scaffold = resident.intervals(cache.modules.key_of(layout, scaffold_key("both")))
     assert len(scaffold) == 2 and scaffold[0][1] < scaffold[1][0] < layout.length  # a gap: b's run was moved
     assert sorted(pinned.tolist()) == held  # members and scaffold alike, so some positions twice

@@ -6,7 +6,7 @@ import pytest
 
 from pc_cpu.errors import PromptCacheError, SchemaError
 from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after, scaffold_cells,
-                                 scaffold_jobs, scratch_cells)
+                                 scaffold_jobs, scaffold_key, encode_cells)
 from pc_cpu.pml.layout import ROOT
 from tests.pml.conftest import CHATML_MARKUP, layout_of, words
 
@@ -102,9 +102,13 @@ def test_independent_root(tok, layout):
 
 # --- sizes and modes ----------------------------------------------------------------------------
 
-def test_scratch_cells_is_the_largest_job(layout):
-    assert scratch_cells(layout, "preamble") == 7  # six context tokens and one run token
-    assert scratch_cells(layout, "independent") == 5  # the ROOT preamble itself
+def test_encode_cells_counts_each_run_once_and_the_largest_context(layout):
+    # A run's cells are computed once and shared into the library: counting them again (as the
+    # scratch and as library cells) refused a 4,600-token module in an 8,192-cell context.
+    assert encode_cells(layout, "a", "preamble") == 8  # runs A1 and A2, and A2's six context tokens
+    assert encode_cells(layout, "b", "preamble") == 7  # B after the preamble and A1
+    assert encode_cells(layout, ROOT, "preamble") == 5  # the ROOT preamble itself
+    assert encode_cells(layout, "a", "independent") == 3  # A2 after A1 only
 
 
 @pytest.mark.parametrize("mode", ["Preamble", "joint", ""])
@@ -155,13 +159,13 @@ def test_adjacent_member_runs_are_merged():
     assert [(r.start, r.end) for r in job.runs] == [(1, 3)]
 
 
-def test_scaffold_cells_and_scratch_cells_count_the_joint_encodings():
+def test_scaffold_cells_and_encode_cells_count_the_joint_encodings():
     layout = layout_of(SCAFFOLD)
 
     assert layout.cached_cells == 9  # ROOT preamble 3, a 2, b 3, d 1
     assert scaffold_cells(layout) == 5  # a 2 and b 3 once more, jointly
-    assert scratch_cells(layout, "preamble") == 8  # the scaffold job: 3 context + 5 tokens
-    assert scratch_cells(layout, "independent") == 5
+    (job,) = scaffold_jobs(layout, "preamble")
+    assert encode_cells(layout, scaffold_key(job.scaffold), "preamble") == 8  # 3 context + 5 tokens
 
 
 def test_scaffold_holding_a_union_member_is_refused():

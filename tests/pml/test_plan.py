@@ -9,6 +9,7 @@ from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
 from tests.fake_tokenizer import WordTokenizer
+from pc_cpu.pml.roles import PLAIN_MARKUP
 from tests.pml.conftest import CHATML_MARKUP, TRIP, layout_of, plan_of, words
 
 CHAT = '<schema name="c"><system>Be brief.</system><module name="doc">Doc text</module></schema>'
@@ -307,7 +308,7 @@ def test_plan_of_only_the_bos_decodes_it(tok):
 
 def test_modules_are_listed_in_position_order_root_first():
     plan = plan_of('<schema name="s"><module name="a"><module name="b">B</module> A</module>'
-                   '<module name="c">C</module></schema>', '<prompt schema="s"><c/><a><b/></a></prompt>')
+                   '<module name="c">C</module></schema>', '<prompt schema="s"><a><b/></a><c/></prompt>')
 
     assert plan.modules == (ROOT, "a", "b", "c")
 
@@ -418,3 +419,41 @@ def test_nested_scaffolds_use_the_outer_one_when_both_are_complete(tok):
     assert {op.source for op in full.ops if isinstance(op, CopyCells) and op.module != ROOT} == {"scaffold:outer"}
     assert [(op.module, op.source) for op in inner_only.ops if isinstance(op, CopyCells)] == [
         (ROOT, None), ("b", "scaffold:inner"), ("c", "scaffold:inner")]
+
+
+# --- imports in any order --------------------------------------------------------------------------
+
+PACK = ('<schema name="s"><system>Sys</system><user><module name="a">A1 A2</module><module name="b">B1 B2 B3'
+        '</module><module name="c">C1</module></user></schema>')
+
+
+def test_imports_in_schema_order_keep_their_schema_positions_and_gaps():
+    plan = plan_of(PACK, '<prompt schema="s"><a/><c/>Q</prompt>')
+    layout = layout_of(PACK)
+    copies = [op for op in plan.ops if isinstance(op, CopyCells) and op.module != ROOT]
+    assert [(op.module, op.start, op.moved) for op in copies] == [
+        ("a", layout.modules["a"].start, False), ("c", layout.modules["c"].start, False)]  # b's gap stays
+
+
+def test_imports_out_of_order_are_packed_in_the_written_order():
+    schema_order = plan_of(PACK, '<prompt schema="s"><a/><b/><c/>Q</prompt>')
+    packed = plan_of(PACK, '<prompt schema="s"><c/><a/>Q</prompt>')
+    layout = layout_of(PACK)
+    shared = [op for op in packed.ops if isinstance(op, CopyCells) and op.module != ROOT]
+    assert [op.module for op in shared] == ["c", "a"]
+    c, a = shared
+    assert c.start == layout.preamble_end and c.home == layout.modules["c"].start  # moved forward
+    assert a.start == c.end and a.home == layout.modules["a"].start  # right after c: no gap
+    assert packed.modules == (ROOT, "c", "a")
+    # The same module tokens, ROOT's closing markup, then the prompt text, with nothing between.
+    assert list(packed.positions) == list(range(len(packed.tokens)))
+    assert packed.tokens[-1] == schema_order.tokens[-1]
+
+
+def test_select_recompute_needs_schema_order():
+    from pc_cpu.pml.recompute import parse_policy
+
+    with pytest.raises(PromptError, match="schema order"):
+        tokenizer = WordTokenizer()
+        build_plan(layout_of(PACK, tokenizer=tokenizer), parse_prompt('<prompt schema="s"><b/><a/>Q</prompt>'),
+                   tokenizer, PLAIN_MARKUP, parse_policy("select:10%"))

@@ -238,6 +238,11 @@ def test_plan_invariants(data):
     assert plan.cached_tokens + plan.uncached_tokens == len(plan.tokens) == len(plan.positions)
 
     at = dict(zip(plan.positions, plan.tokens))
+    written = [m for item in prompt.imports
+               for m in (layout.scaffolds[item.name].members if item.name in layout.scaffolds else [item.name])
+               if layout.modules[m].parent == ROOT]
+    in_schema_order = written == sorted(written, key=lambda m: layout.modules[m].start)
+    assert in_schema_order or not any(op.source for op in plan.ops if isinstance(op, CopyCells))
     for op in plan.ops:
         if isinstance(op, CopyCells) and op.source is not None:  # a complete scaffold's joint encoding
             scaffold = layout.scaffolds[op.source.removeprefix("scaffold:")]
@@ -246,7 +251,13 @@ def test_plan_invariants(data):
         if isinstance(op, CopyCells):
             layout_tokens = {p: t for piece in layout.modules[op.module].pieces
                              for p, t in zip(range(piece.start, piece.end), piece.tokens)}
-            assert op.tokens == tuple(layout_tokens[p] for p in range(op.start, op.end))
+            assert op.tokens == tuple(layout_tokens[p] for p in range(op.encoded_at, op.encoded_at + len(op.tokens)))
+            assert in_schema_order or op.start <= layout.length  # packed: moved, never past the schema's span
+    if not in_schema_order:  # packed: the cached modules come back to back after the preamble, in the written order
+        starts = [min(op.start for op in plan.ops if isinstance(op, CopyCells) and op.module == m)
+                  for m in written if any(isinstance(op, CopyCells) and op.module == m for op in plan.ops)]
+        assert starts == sorted(starts)
+        return
     for scaffold in layout.scaffolds.values():
         if all(m in imported for m in scaffold.members):
             assert all(op.source is not None for op in plan.ops

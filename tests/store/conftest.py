@@ -5,14 +5,18 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.store.entry import Entry
-from pc_cpu.store.keys import StoreKey, schema_hash
+from pc_cpu.pml.encoding import content_digest
+from pc_cpu.store.keys import StoreKey
 
-SCHEMA = schema_hash("<schema name='trip'><module name='intro'>Hi</module></schema>")
+
+def key(module: str, *, model: str = "model-A", mode: str = "preamble") -> StoreKey:
+    """Returns a StoreKey whose content stands for module `module` of a test schema (labelled with its name)."""
+    return StoreKey(model=model, content=content_digest("test", module), mode=mode, label=f"trip/{module}")
 
 
-def key(module: str, *, model: str = "model-A", mode: str = "scaffold") -> StoreKey:
-    """Returns a StoreKey of the test schema for `module`."""
-    return StoreKey(model=model, schema_hash=SCHEMA, module=module, mode=mode)
+def name(store_key: StoreKey) -> str:
+    """Returns the module name a `key(...)` was made for (read back from its label)."""
+    return store_key.label.split("/")[-1]
 
 
 def entry(nbytes: int, fill: int = 0xAB, *, n_tokens: int = 7, created: float = 1000.0) -> Entry:

@@ -15,7 +15,7 @@ from pc_cpu.store import disk as disk_module
 from pc_cpu.store.base import Evicted, ModuleStore
 from pc_cpu.store.disk import DiskStore, default_store_dir
 from pc_cpu.store.disk_format import encode_header
-from tests.store.conftest import entry, key
+from tests.store.conftest import entry, key, name as name_of
 
 PAYLOAD = 1000  # bytes per fake state blob
 
@@ -61,9 +61,9 @@ def test_a_second_process_sees_the_same_entries(store_dir):
     first.put(key("b"), entry(PAYLOAD, 2))
     second = DiskStore(store_dir)  # scans the directory once at open
     assert second.bytes_used == first.bytes_used
-    assert sorted(k.module for k in second.keys()) == ["a", "b"]
+    assert sorted(name_of(k) for k in second.keys()) == ["a", "b"]
     assert second.get(key("b")) == entry(PAYLOAD, 2)
-    listing = {item.key.module: item for item in second.ls()}
+    listing = {item.key.label.split("/")[-1]: item for item in second.ls()}
     assert listing["a"].n_tokens == 7 and listing["a"].positions == (3, 10)
     assert listing["a"].size_bytes == file_size(key("a"), entry(PAYLOAD, 1))
     assert listing["a"].path == first.path_for(key("a"))
@@ -86,7 +86,7 @@ def test_budget_evicts_least_recently_used_exact_trace(store_dir):
     assert disk.get(key("a")) is not None  # touch: b is now the oldest
     assert disk.put(key("c"), entry(PAYLOAD)) == [Evicted(key("b"), None)]
     assert not disk.path_for(key("b")).exists()
-    assert [k.module for k in disk.keys()] == ["a", "c"]
+    assert [name_of(k) for k in disk.keys()] == ["a", "c"]
     assert disk.bytes_used == 2 * size
     assert disk.put(key("d"), entry(PAYLOAD)) == [Evicted(key("a"), None)]
     assert disk.bytes_used == 2 * size
@@ -101,12 +101,12 @@ def test_lru_order_survives_reopening(store_dir):
     for name, t in (("c", 100), ("a", 200), ("b", 300)):
         os.utime(first.path_for(key(name)), (t, t))
     second = DiskStore(store_dir, budget_bytes=3 * size)
-    assert [k.module for k in second.keys()] == ["c", "a", "b"]
+    assert [name_of(k) for k in second.keys()] == ["c", "a", "b"]
     second.get(key("c"))  # touches the file: c becomes the newest, on disk too
     assert second.path_for(key("c")).stat().st_mtime > 300
     assert second.put(key("d"), entry(PAYLOAD)) == [Evicted(key("a"), None)]
     third = DiskStore(store_dir, budget_bytes=3 * size)
-    assert [k.module for k in third.keys()][0] == "b"
+    assert [name_of(k) for k in third.keys()][0] == "b"
 
 
 def test_entry_larger_than_budget_is_refused(store_dir):
@@ -290,7 +290,7 @@ def test_verify_reports_bad_files_and_can_delete_them(store_dir):
     assert disk.path_for(key("b")).exists()  # reporting alone deletes nothing
     assert len(disk.verify(delete=True)) == 2
     assert disk.verify() == []
-    assert [k.module for k in disk.keys()] == ["a"]
+    assert [name_of(k) for k in disk.keys()] == ["a"]
     assert disk.bytes_used == file_size(key("a"), entry(PAYLOAD))
 
 

@@ -12,7 +12,7 @@ from pc_cpu.errors import StoreError
 from pc_cpu.store.disk import DiskStore
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.tiers import Hit, TieredStore
-from tests.store.conftest import entry, key
+from tests.store.conftest import entry, key, name as name_of
 
 P = 100  # payload bytes per fake entry
 
@@ -37,7 +37,7 @@ def full_disk(monkeypatch, caplog):
 
 
 def modules(store) -> list[str]:
-    return [k.module for k in store.keys()]
+    return [name_of(k) for k in store.keys()]
 
 
 def test_put_writes_through_to_every_tier(tiers):
@@ -91,7 +91,7 @@ def test_demotion_skips_what_disk_already_holds(tiers, monkeypatch):
         store.put(key(name), entry(P))
     writes = []
     real_put = disk.put
-    monkeypatch.setattr(disk, "put", lambda k, e: writes.append(k.module) or real_put(k, e))
+    monkeypatch.setattr(disk, "put", lambda k, e: writes.append(name_of(k)) or real_put(k, e))
     store.get(key("a"))  # promoted from disk, evicting b, which is on disk: no write
     store.get(key("b"))  # promoted, evicting c: no write
     store.put(key("d"), entry(P))  # evicts a: no write; d itself is written through

@@ -1,0 +1,276 @@
+"""Documents: the RAG workload, the cost of adding one, TTFT as the library grows, relocation's speed and its cost to answers.
+
+    python bench/documents.py rag --docs 500 --prompts 100 [--model NAME] [--threads 2]
+    python bench/documents.py relocation --n 200 [--model NAME]
+
+`rag`: the gold passages of `--docs` NaturalQuestions questions are added as documents
+(about 9x the 8K context on SmolLM2). The time to add each is recorded (and compared with
+a full prefill of the same tokens). At 50, 100, 250 and `--docs` documents, `--prompts`
+questions are asked over 5 passages (the gold one and 4 others, in a random order):
+TTFT cached and full prefill (same tokens, same run), the cost of computing only the
+uncached tokens after the restored cells, accuracy, and the store's bytes.
+
+`relocation`: speed of moving a 5-document prompt's cells with the C relocator and splicer
+(one state_set) against llama.cpp's seq_add on a private copy (a state_set per document,
+then the K-shift), as MB/s and TTFT; and answers, paired over `--n` questions: documents
+moved, documents computed at the positions the prompt gives them, and the full prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from pc_cpu import PromptCache
+from pc_cpu.benchmarks.evaldata import load_nq
+from pc_cpu.benchmarks.scoring import normalize_answer
+from pc_cpu.engine.documents import DocumentWork
+from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.store import native, state_blob
+
+SYSTEM = "Answer the question from the documents, in a few words."
+
+
+def correct(text: str, answers) -> bool:
+    norm = normalize_answer(text)
+    return any(normalize_answer(a) in norm for a in answers)
+
+
+def pct(values, q):
+    return float(np.percentile(values, q))
+
+
+def passage_text(p) -> str:
+    return f"{p.title}: {p.text}"
+
+
+def rag(args) -> dict:
+    questions = load_nq()
+    rng = random.Random(0)
+    chosen = rng.sample(range(len(questions)), args.docs)
+    store = tempfile.mkdtemp(prefix="pc_cpu_docs_")
+    out: dict = {"model": args.model, "docs": args.docs, "prompts": args.prompts, "threads": args.threads}
+    with PromptCache(args.model, threads=args.threads, store=store, ram_bytes=8 << 30) as pc:
+        preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
+        pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
+        ids, add_ms, add_tokens = [], [], []
+        sizes = sorted({s for s in (50, 100, 250, args.docs) if s <= args.docs})
+        by_size = {}
+        for i, q in enumerate(chosen):
+            text = passage_text(questions[q].gold)
+            t0 = time.perf_counter()
+            ids.append(pc.add_document(text, system=SYSTEM))
+            add_ms.append((time.perf_counter() - t0) * 1000)
+            add_tokens.append(len(document_tokens(text, pc.model)))
+            if len(ids) in sizes:
+                by_size[len(ids)] = run_prompts(pc, questions, chosen[:len(ids)], ids, args,
+                                                full=len(ids) == args.docs)
+                print(json.dumps({"library": len(ids), **{k: v for k, v in by_size[len(ids)].items()
+                                                          if not isinstance(v, list)}}), flush=True)
+        # A prefill of one document's tokens after the preamble, to compare adding one with.
+        tail = list(range(-20, 0))
+        prefill_ms = []
+        for q in chosen[-20:]:
+            tokens = list(preamble) + list(document_tokens(passage_text(questions[q].gold), pc.model))
+            t0 = time.perf_counter()
+            pc.prompts.decode(tokens, range(len(tokens)), 0, logits_last=False)
+            prefill_ms.append((time.perf_counter() - t0) * 1000)
+            pc.prompts.seq_rm(0)
+        disk = next(t for t in pc.store.tiers if t.name == "disk")
+        ram = next(t for t in pc.store.tiers if t.name == "ram")
+        library_tokens = sum(add_tokens)
+        out.update({
+            "library_tokens": library_tokens, "n_ctx": pc.ctx.n_ctx,
+            "add_ms_last20_median": statistics.median(add_ms[tail[0]:]),
+            "prefill_doc_ms_median": statistics.median(prefill_ms),
+            "add_vs_prefill": statistics.median(add_ms[tail[0]:]) / statistics.median(prefill_ms),
+            "ram_bytes": ram.bytes_used, "disk_bytes": disk.bytes_used, "resident_cells": pc.resident_cells,
+            "by_library_size": by_size,
+        })
+    return out
+
+
+def run_prompts(pc, questions, library, ids, args, *, full: bool) -> dict:
+    rng = random.Random(len(library))
+    n = args.prompts if full else min(args.prompts, 20)
+    cached_ms, baseline_ms, tail_ms, hits_c, hits_b, same = [], [], [], 0, 0, 0
+    for k in range(n):
+        gold = rng.randrange(len(library))
+        others = rng.sample([i for i in range(len(library)) if i != gold], 4)
+        order = others + [gold]
+        rng.shuffle(order)
+        q = questions[library[gold]]
+        docs = [ids[i] for i in order]
+        cached = pc.ask(q.question, documents=docs, system=SYSTEM, max_tokens=24)
+        cached_ms.append(cached.ttft_ms)
+        if full:
+            baseline = pc.ask(q.question, documents=docs, system=SYSTEM, max_tokens=24, use_cache=False)
+            baseline_ms.append(baseline.ttft_ms)
+            hits_c += correct(cached.text, q.answers)
+            hits_b += correct(baseline.text, q.answers)
+            same += cached.token_ids == baseline.token_ids
+            tail_ms.append(uncached_only_ms(pc, q.question, docs))
+    result = {"cached_p50_ms": pct(cached_ms, 50), "cached_p95_ms": pct(cached_ms, 95), "n": n}
+    if full:
+        result.update({
+            "baseline_p50_ms": pct(baseline_ms, 50), "baseline_p95_ms": pct(baseline_ms, 95),
+            "speedup_p50": pct(baseline_ms, 50) / pct(cached_ms, 50),
+            "uncached_only_p50_ms": pct(tail_ms, 50), "cached_vs_uncached_only": pct(cached_ms, 50) / pct(tail_ms, 50),
+            "accuracy_cached": hits_c / n, "accuracy_full": hits_b / n, "identical_answers": same / n,
+        })
+    return result
+
+
+def uncached_only_ms(pc, question, docs) -> float:
+    """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
+    prompt = _prompt(pc, question, docs)
+    work = DocumentWork(prompt, pc._documents, True)
+    work.prepare()
+    pieces = work._pieces
+    impl = native if native.available() else state_blob
+    moved = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.rope) for p in pieces]
+    pc.prompts.state_set(0, state_blob.restream(impl.splice(moved), pc.prompts.n_stream))
+    t0 = time.perf_counter()
+    pc.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    int(np.argmax(pc.prompts.logits()))
+    ms = (time.perf_counter() - t0) * 1000
+    pc.prompts.seq_rm(0)
+    return ms
+
+
+def _prompt(pc, question, docs):
+    return layout_documents(preamble_tokens(SYSTEM, pc.model, pc.markup),
+                            [(d, document_tokens(pc.library.get(d).text, pc.model)) for d in docs],
+                            tail_tokens(question, pc.model, pc.markup))
+
+
+# --- relocation ------------------------------------------------------------------------------------
+
+def relocation(args) -> dict:
+    questions = load_nq()
+    rng = random.Random(1)
+    picks = rng.sample(range(len(questions)), args.n + 4)
+    out: dict = {"model": args.model, "n": args.n, "threads": args.threads}
+    with PromptCache(args.model, threads=args.threads, store=False, ram_bytes=8 << 30) as pc:
+        ids = {q: pc.add_document(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
+        impl = native if native.available() else state_blob
+        c_ms, seq_add_ms, mbytes = [], [], []
+        moved_hits = placed_hits = full_hits = 0
+        moved_same_full = moved_same_placed = 0
+        for k in range(args.n):
+            gold = picks[k]
+            others = rng.sample([q for q in picks if q != gold], 4)
+            order = others + [gold]
+            rng.shuffle(order)
+            q = questions[gold]
+            prompt = _prompt(pc, q.question, [ids[i] for i in order])
+            work = DocumentWork(prompt, pc._documents, True)
+            work.prepare()
+            pieces = work._pieces
+            # C path: relocate + splice + one state_set.
+            t0 = time.perf_counter()
+            moved = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.rope) for p in pieces]
+            pc.prompts.state_set(0, state_blob.restream(impl.splice(moved), pc.prompts.n_stream))
+            c_ms.append((time.perf_counter() - t0) * 1000)
+            mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
+            moved_answer = greedy(pc, prompt)
+            # seq_add path: each document restored into the library's scratch, moved by llama.cpp, shared
+            # into staging; the K-shift applied; the staging cells read out in order into the stream.
+            t0 = time.perf_counter()
+            seq_add_assemble(pc, pieces)
+            seq_add_ms.append((time.perf_counter() - t0) * 1000)
+            pc.prompts.seq_rm(0)
+            placed_answer = greedy(pc, prompt, blobs=placed_blobs(pc, prompt))
+            full_answer = pc.ask(q.question, documents=[ids[i] for i in order], system=SYSTEM, max_tokens=24,
+                                 use_cache=False)
+            moved_hits += correct(pc.model.detokenize(moved_answer), q.answers)
+            placed_hits += correct(pc.model.detokenize(placed_answer), q.answers)
+            full_hits += correct(full_answer.text, q.answers)
+            moved_same_full += moved_answer == full_answer.token_ids
+            moved_same_placed += moved_answer == placed_answer
+        n = args.n
+        out.update({
+            "c_path_ms_median": statistics.median(c_ms), "seq_add_path_ms_median": statistics.median(seq_add_ms),
+            "c_path_MB_per_s": statistics.median(m / (t / 1000) for m, t in zip(mbytes, c_ms)),
+            "seq_add_MB_per_s": statistics.median(m / (t / 1000) for m, t in zip(mbytes, seq_add_ms)),
+            "prompt_MB_median": statistics.median(mbytes),
+            "accuracy_moved": moved_hits / n, "accuracy_at_position": placed_hits / n, "accuracy_full": full_hits / n,
+            "moved_equals_at_position": moved_same_placed / n, "moved_equals_full": moved_same_full / n,
+        })
+    return out
+
+
+def seq_add_assemble(pc, pieces) -> None:
+    """Builds prompt stream 0 from the pieces with llama.cpp's seq_add on private copies in the library."""
+    ctx, scratch, staging = pc.ctx, pc.scratch_seq, 0
+    ctx.seq_rm(staging)
+    for piece in pieces:
+        info = state_blob.scan(piece.blob)
+        ctx.state_set(scratch, piece.blob)
+        if piece.delta:
+            ctx.seq_add(scratch, info.pos_min, info.pos_max + 1, piece.delta)
+        ctx.seq_cp(scratch, staging, info.pos_min + piece.delta, info.pos_max + 1 + piece.delta)
+        ctx.seq_rm(scratch)
+    apply_pending_shifts(ctx, scratch)
+    blob = ctx.state_get(staging)
+    ctx.seq_rm(staging)
+    pc.prompts.state_set(0, state_blob.restream(state_blob.order_by_position(blob), pc.prompts.n_stream))
+
+
+def placed_blobs(pc, prompt) -> list[bytes]:
+    """Returns the preamble's cells and each document computed after the preamble at the position the prompt gives it."""
+    work, seq = pc.prompts, pc.prompts.n_seq_max - 1
+    preamble, _ = pc._documents.preamble_blob(prompt.preamble)
+    blobs = [preamble]
+    for doc in prompt.documents:
+        first = doc.start - prompt.home
+        work.seq_rm(seq)
+        work.decode(prompt.preamble, range(first, doc.start), seq, logits_last=False)
+        work.decode(doc.tokens, range(doc.start, doc.end), seq, logits_last=False)
+        work.seq_rm(seq, first, doc.start)
+        blobs.append(bytes(state_blob.restream(work.state_get(seq), 1)))
+        work.seq_rm(seq)
+    return blobs
+
+
+def greedy(pc, prompt, *, blobs=None, max_tokens: int = 24) -> list[int]:
+    """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed."""
+    work = pc.prompts
+    if blobs is not None:
+        impl = native if native.available() else state_blob
+        work.state_set(0, state_blob.restream(impl.splice(blobs), work.n_stream))
+    work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    tokens, pos = [], prompt.end
+    for _ in range(max_tokens):
+        token = int(np.argmax(work.logits()))
+        if pc.model.is_end_of_generation(token):
+            break
+        tokens.append(token)
+        work.decode([token], [pos], 0)
+        pos += 1
+    work.seq_rm(0)
+    return tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["rag", "relocation"])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--docs", type=int, default=500)
+    parser.add_argument("--prompts", type=int, default=100)
+    parser.add_argument("--n", type=int, default=200)
+    args = parser.parse_args()
+    result = rag(args) if args.what == "rag" else relocation(args)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

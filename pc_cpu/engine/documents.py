@@ -1,0 +1,189 @@
+"""Encodes documents once, and assembles a prompt's documents into its stream by moving their saved cells.
+
+Each document is computed once per preamble, at its home (right after the
+preamble, pc_cpu.pml.documents), in the encoders' workspace stream, from slot 0:
+the same bytes in every process. Its state blob goes to the byte tiers under its
+content key, so a library larger than the context costs RAM and disk, never
+context cells: nothing of it is resident until a prompt uses it.
+
+A prompt is then assembled from bytes alone (`prefill`): the preamble's blob and
+each document's, moved to the position the prompt gives it by the C relocator
+(positions rewritten, K re-rotated: pc_cpu.store.native), joined by the splicer
+into one blob in position order, and restored into the prompt's empty stream with
+one state_set. The question is then computed there. A document used at its home
+(the first one) is not moved at all, so its cells are exactly the encoded ones.
+bench/relocation.py measures this against llama.cpp's own seq_add on a private
+copy; the bytes path was faster (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.relocate import relocate_blob, splice_blobs
+from pc_cpu.engine.streams import full_prefill
+from pc_cpu.errors import DocumentError, StateBlobError
+from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
+from pc_cpu.store import native, parts, state_blob
+from pc_cpu.store.documents import document_label
+from pc_cpu.store.entry import Entry
+from pc_cpu.store.keys import StoreKey
+from pc_cpu.store.state_blob import RopeParams
+from pc_cpu.store.tiers import TieredStore
+
+log = logging.getLogger(__name__)
+
+TIER_ENCODED = "encoded"
+PREAMBLE = "#preamble"  # the key of the preamble in a Result's tiers
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One saved part of a prompt: its cells' bytes (one stream, at their home) and where they go."""
+
+    blob: bytes
+    delta: int  # positions to move the cells by: the prompt's start minus the home
+
+
+class DocumentEncoder:
+    """Finds or computes the cells of preambles and documents; assembles a prompt's stream from them."""
+
+    def __init__(self, prompts: Context, workspace: int, store: TieredStore, rope: RopeParams | None):
+        self.prompts = prompts
+        self.workspace = workspace  # an empty stream of `prompts` where encodings are computed
+        self.store = store
+        self.rope = rope
+        self.model_id = prompts.model.info.fingerprint
+        self.encoded = 0  # preambles and documents this instance computed
+        self._blobs = native if native.available() else state_blob
+
+    def check_supported(self) -> None:
+        """Raises DocumentError when this model's cells cannot be moved (so documents cannot be placed)."""
+        if self.rope is None:
+            raise DocumentError(
+                "documents need their cells moved to other positions, which this model's KV cache does not "
+                "allow (a sliding-window cache keeps two caches per layer); use a PML schema with this model, "
+                "or a model without a sliding window (pc-cpu models)")
+
+    # --- keys -----------------------------------------------------------------------
+
+    def preamble_key(self, preamble: tuple[int, ...]) -> StoreKey:
+        return StoreKey(self.model_id, preamble_content(preamble), DOCUMENT_MODE, label="document preamble")
+
+    def document_key(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...]) -> StoreKey:
+        return StoreKey(self.model_id, document_content(preamble, tokens), DOCUMENT_MODE,
+                        label=document_label(doc_id))
+
+    # --- encodings ------------------------------------------------------------------
+
+    def preamble_blob(self, preamble: tuple[int, ...]) -> tuple[bytes, str]:
+        """Returns the preamble's cells (positions 0..n-1) and the tier that served them."""
+        key = self.preamble_key(preamble)
+        stored = self._stored(key, (0, len(preamble)))
+        if stored is not None:
+            return stored
+        seq = self.workspace
+        self.prompts.seq_rm(seq)
+        try:
+            self.prompts.decode(preamble, range(len(preamble)), seq, logits_last=False)
+            blob = self._save(key, seq, len(preamble), (0, len(preamble)))
+        finally:
+            self.prompts.seq_rm(seq)
+        return blob, TIER_ENCODED
+
+    def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...]) -> tuple[bytes, str]:
+        """Returns a document's cells, computed after `preamble` at its home, and the tier that served them."""
+        home = len(preamble)
+        key = self.document_key(preamble, doc_id, tokens)
+        stored = self._stored(key, (home, home + len(tokens)))
+        if stored is not None:
+            return stored
+        preamble_cells, _ = self.preamble_blob(preamble)
+        seq = self.workspace
+        try:
+            # The preamble restored, not recomputed: the same bytes either way, and no time spent on them.
+            self.prompts.state_set(seq, state_blob.restream(preamble_cells, self.prompts.n_stream))
+            self.prompts.decode(tokens, range(home, home + len(tokens)), seq, logits_last=False)
+            self.prompts.seq_rm(seq, 0, home)
+            blob = self._save(key, seq, len(tokens), (home, home + len(tokens)))
+        finally:
+            self.prompts.seq_rm(seq)
+        return blob, TIER_ENCODED
+
+    def _stored(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, str] | None:
+        """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses)."""
+        hit = self.store.get(key)
+        if hit is None:
+            return None
+        try:
+            (blob,) = parts.unpack(hit.entry.payload)
+            info = self._blobs.scan(blob)
+            if (info.n_cell, info.pos_min, info.pos_max + 1) != (positions[1] - positions[0], *positions):
+                raise StateBlobError(f"it holds {info.n_cell} cells at [{info.pos_min}, {info.pos_max + 1})",
+                                     code="corrupt")
+        except (StateBlobError, ValueError) as exc:
+            self.store.remove(key)
+            log.warning("stored %s is unusable (%s); encoding it again", key.describe(), exc)
+            return None
+        return bytes(blob), hit.tier
+
+    def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
+        """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
+        blob = bytes(state_blob.restream(self.prompts.state_get(seq), 1))
+        self.store.put(key, Entry(parts.pack([blob]), n_tokens, positions))
+        self.encoded += 1
+        return blob
+
+    # --- assembly -------------------------------------------------------------------
+
+    def prefill(self, prompt: DocumentPrompt, pieces: list[Piece], slot: int) -> int:
+        """Restores the prompt's moved cells into the empty stream `slot`, computes the tail; returns its end.
+
+        The last tail token's logits are then ready to sample from.
+        """
+        joined = splice_blobs([relocate_blob(piece.blob, piece.delta, self.rope) for piece in pieces])
+        self.prompts.seq_rm(slot)
+        self.prompts.state_set(slot, state_blob.restream(joined, self.prompts.n_stream))
+        start = prompt.tail_start
+        self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
+        return prompt.end
+
+
+@dataclass
+class DocumentWork:
+    """A question over documents, as the scheduler runs it (pc_cpu.engine.scheduler.PromptWork)."""
+
+    prompt: DocumentPrompt
+    encoder: DocumentEncoder
+    use_cache: bool
+    _pieces: list[Piece] | None = None
+
+    def positions(self) -> int:
+        return self.prompt.end
+
+    def prepare(self) -> dict[str, str]:
+        if not self.use_cache:
+            return {}
+        prompt, encoder = self.prompt, self.encoder
+        blob, tier = encoder.preamble_blob(prompt.preamble)
+        pieces, tiers = [Piece(blob, 0)], {PREAMBLE: tier}
+        for doc in prompt.documents:
+            blob, tier = encoder.document_blob(prompt.preamble, doc.id, doc.tokens)
+            pieces.append(Piece(blob, doc.start - prompt.home))
+            tiers.setdefault(doc.id, tier)
+        self._pieces = pieces
+        return tiers
+
+    def prefill(self, slot: int) -> int:
+        if not self.use_cache:
+            return full_prefill(self.encoder.prompts, self.prompt.tokens, slot)
+        pieces, self._pieces = self._pieces, None  # the bytes are not needed once restored
+        return self.encoder.prefill(self.prompt, pieces, slot)
+
+    def counts(self) -> tuple[int, int, list[str]]:
+        ids = [doc.id for doc in self.prompt.documents]
+        if self.use_cache:
+            return self.prompt.cached_tokens, len(self.prompt.tail), ids
+        return 0, len(self.prompt.tokens), ids

@@ -1,0 +1,50 @@
+"""Moves saved cells to other positions: positions rewritten and K re-rotated for RoPE.
+
+Two ways, measured against each other in bench/documents.py (bench/RESULTS.md):
+- the C relocator (pc_cpu.store.native, numpy twin in state_blob) rewrites a state
+  blob's bytes: ~4x faster than llama.cpp's way, and the hot path;
+- llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:
+  the fallback for caches the relocator does not rewrite (a sliding-window model keeps
+  two caches per layer).
+"""
+
+from __future__ import annotations
+
+from pc_cpu.engine.context import Context
+from pc_cpu.store import native, state_blob
+from pc_cpu.store.state_blob import BlobLike, RopeParams
+
+_impl = native if native.available() else state_blob
+
+
+def relocate_blob(blob: BlobLike, delta: int, rope: RopeParams) -> BlobLike:
+    """Returns `blob` with every cell moved by `delta` positions (the same bytes when delta is 0)."""
+    return blob if delta == 0 else _impl.relocate(blob, delta, rope)
+
+
+def splice_blobs(blobs: list[BlobLike]) -> BlobLike:
+    """Returns one blob holding the cells of `blobs` (disjoint positions), in their order."""
+    return blobs[0] if len(blobs) == 1 else _impl.splice(blobs)
+
+
+def copy_moved(ctx: Context, source: int, start: int, end: int, delta: int, dest: int, *, scratch: int,
+               rope: RopeParams | None) -> bool:
+    """Puts a private copy of `source`'s cells at [start, end), moved by `delta`, into sequence `dest`.
+
+    `source`'s cells stay where they are (other prompts may share them). Returns True when the
+    copy's K rotation is still pending in llama.cpp (the seq_add fallback, used when `rope` is
+    None): apply_pending_shifts, or any decode, applies it.
+    """
+    ctx.seq_rm(scratch)
+    try:
+        ctx.seq_cp(source, scratch, start, end)
+        blob = ctx.state_get(scratch)
+        if rope is not None:
+            ctx.state_set(scratch, relocate_blob(blob, delta, rope))
+        else:
+            ctx.state_set(scratch, blob)  # new cells: moving them leaves `source`'s alone
+            ctx.seq_add(scratch, start, end, delta)
+        ctx.seq_cp(scratch, dest, start + delta, end + delta)
+    finally:
+        ctx.seq_rm(scratch)
+    return rope is None

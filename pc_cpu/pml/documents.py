@@ -1,0 +1,122 @@
+"""Gives the layout of a question asked over documents: where each part's tokens go, and what each document's cells depend on.
+
+A document prompt is one chat turn, built from the model's own role markup:
+
+    [BOS] [system turn] [user prefix] | doc 1 | doc 2 | ... | question [user suffix] [assistant prefix]
+    <-------------- preamble -------------->                  <------------------ tail ------------------>
+
+The preamble is computed once per system message. Each document is encoded once
+per preamble, right after it (its "home", the first position a document can take),
+and moved to wherever a prompt places it: documents follow each other in the order
+the caller gives, with no gaps. Position independence is what lets a library of any
+size be encoded once: a document's cells do not depend on which documents come
+before it in a prompt (the paper's independence assumption, measured in
+bench/RESULTS.md), only on the preamble, so adding, removing or reordering
+documents never re-encodes the others.
+
+Pure Python: the tokenizer and markup are passed in (pc_cpu.pml.tokenizer, roles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from pc_cpu.pml.encoding import content_digest
+from pc_cpu.pml.roles import RoleMarkup
+from pc_cpu.pml.tokenizer import Tokenizer
+
+DOCUMENT_MODE = "document"  # the store's mode for document encodings (beside the schema modes)
+SEPARATOR = "\n\n"  # ends every document, so that the next one (or the question) starts a paragraph
+
+
+def document_id(text: str) -> str:
+    """Returns the id of a document's text: the same text always gets the same id."""
+    return "doc-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def document_tokens(text: str, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Returns the tokens a document contributes to every prompt: its text (never markup) and the separator."""
+    return tuple(tokenizer.tokenize(text, special=False)) + tuple(tokenizer.tokenize(SEPARATOR, special=False))
+
+
+def preamble_tokens(system: str | None, tokenizer: Tokenizer, markup: RoleMarkup) -> tuple[int, ...]:
+    """Returns BOS, the system turn (when `system` is given) and the user turn's prefix."""
+    tokens = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+    if system is not None:
+        tokens += tokenizer.tokenize(markup.prefix["system"], special=True)
+        tokens += tokenizer.tokenize(system, special=False)
+        tokens += tokenizer.tokenize(markup.suffix["system"], special=True)
+    tokens += tokenizer.tokenize(markup.prefix["user"], special=True)
+    return tuple(tokens)
+
+
+def tail_tokens(question: str, tokenizer: Tokenizer, markup: RoleMarkup) -> tuple[int, ...]:
+    """Returns the question, the end of the user turn and the text that asks for the assistant's answer."""
+    return (tuple(tokenizer.tokenize(question, special=False))
+            + tuple(tokenizer.tokenize(markup.suffix["user"] + markup.generation_prompt, special=True)))
+
+
+def preamble_content(preamble: tuple[int, ...]) -> str:
+    """Returns the content digest of a preamble's cells: its tokens at positions 0..n-1."""
+    return content_digest(DOCUMENT_MODE, "preamble", list(preamble))
+
+
+def document_content(preamble: tuple[int, ...], tokens: tuple[int, ...]) -> str:
+    """Returns the content digest of a document's cells: computed after `preamble`, from its home position."""
+    return content_digest(DOCUMENT_MODE, "document", list(preamble), len(preamble), list(tokens))
+
+
+@dataclass(frozen=True)
+class PlacedDocument:
+    """One document of a prompt: its id, its tokens, and where the prompt puts them."""
+
+    id: str
+    tokens: tuple[int, ...]
+    start: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class DocumentPrompt:
+    """A question over documents, laid out: what the cached prompt restores and computes, and the baseline's tokens."""
+
+    preamble: tuple[int, ...]  # at positions 0..home-1
+    documents: tuple[PlacedDocument, ...]  # back to back from `home`, in the caller's order
+    tail: tuple[int, ...]  # computed for every prompt, after the documents
+
+    @property
+    def home(self) -> int:
+        """Returns the position every document is encoded at: right after the preamble."""
+        return len(self.preamble)
+
+    @property
+    def tail_start(self) -> int:
+        return self.documents[-1].end if self.documents else self.home
+
+    @property
+    def end(self) -> int:
+        """Returns one past the last prompt position: where generation continues."""
+        return self.tail_start + len(self.tail)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Returns every prompt token in position order: the input of the baseline prefill."""
+        return self.preamble + tuple(t for d in self.documents for t in d.tokens) + self.tail
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self.preamble) + sum(len(d.tokens) for d in self.documents)
+
+
+def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],
+                     tail: tuple[int, ...]) -> DocumentPrompt:
+    """Returns the DocumentPrompt that places `documents` ((id, tokens) pairs) back to back after the preamble."""
+    placed, position = [], len(preamble)
+    for doc_id, tokens in documents:
+        placed.append(PlacedDocument(doc_id, tokens, position))
+        position += len(tokens)
+    return DocumentPrompt(preamble, tuple(placed), tail)

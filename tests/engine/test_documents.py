@@ -1,0 +1,205 @@
+"""Documents: encoded once, content-addressed, moved into place; a library larger than the context; bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pc_cpu.engine.documents import DocumentWork
+from pc_cpu.errors import ContextOverflowError, DocumentError, UnknownDocumentError
+from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.store import native, state_blob
+from tests.engine.test_scaffold import layer0_keys
+
+PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
+FUJI = "Mount Fuji is the highest mountain in Japan, 3,776 metres above the sea."
+NILE = "The Nile flows north through eleven countries into the Mediterranean Sea."
+QUESTION = "How tall is the Eiffel Tower?"
+
+
+@pytest.fixture
+def cache_with_store(make_cache, tmp_path):
+    def make(**options):
+        cache = make_cache(store=tmp_path / "store", **options)
+        if cache.model.info.n_swa:
+            pytest.skip("documents are moved by relocation, which sliding-window caches do not support")
+        return cache
+    return make
+
+
+def _prompt(cache, question, docs, system=None):
+    return layout_documents(preamble_tokens(system, cache.model, cache.markup),
+                            [(d, document_tokens(cache.library.get(d).text, cache.model)) for d in docs],
+                            tail_tokens(question, cache.model, cache.markup))
+
+
+def cached_logits(cache, question, docs, system=None):
+    """Returns the last-token logits of the cached document prompt, built in prompt stream 0."""
+    work = DocumentWork(_prompt(cache, question, docs, system), cache._documents, True)
+    work.prepare()
+    work.prefill(0)
+    logits = cache.prompts.logits()
+    cache.prompts.seq_rm(0)
+    return logits
+
+
+def prefill_logits(cache, tokens, splits):
+    """Returns the last-token logits of `tokens` computed at 0..n-1 in prompt stream 0, in batches starting at `splits`."""
+    edges = sorted({0, *splits, len(tokens)})
+    for lo, hi in zip(edges, edges[1:]):
+        cache.prompts.decode(tokens[lo:hi], range(lo, hi), 0, logits_last=hi == len(tokens))
+    logits = cache.prompts.logits()
+    cache.prompts.seq_rm(0)
+    return logits
+
+
+def test_same_text_same_id_encoded_once_and_names_are_aliases(cache_with_store):
+    cache = cache_with_store()
+    first = cache.add_document(PARIS, name="paris")
+    encoded = cache.documents_encoded
+    assert cache.add_document(PARIS) == first and cache.add_document(PARIS, name="eiffel") == first
+    assert cache.documents_encoded == encoded  # nothing computed again
+    assert cache.add_document(FUJI) != first
+    assert cache.library.resolve("paris").id == cache.library.resolve("eiffel").id == first
+    result = cache.ask(QUESTION, documents=["eiffel"], max_tokens=3)
+    assert result.modules == [first] and result.tiers[first] == "ram"
+
+
+def test_result_counts_cached_and_computed_tokens_like_generate(cache_with_store):
+    cache = cache_with_store()
+    ids = [cache.add_document(text) for text in (PARIS, FUJI)]
+    prompt = _prompt(cache, QUESTION, ids)
+    cached = cache.ask(QUESTION, documents=ids, max_tokens=4)
+    baseline = cache.ask(QUESTION, documents=ids, max_tokens=4, use_cache=False)
+    assert (cached.cached_tokens, cached.uncached_tokens) == (prompt.cached_tokens, len(prompt.tail))
+    assert (baseline.cached_tokens, baseline.uncached_tokens) == (0, len(prompt.tokens))
+    assert cached.use_cache and not baseline.use_cache and baseline.tiers == {}
+    assert cached.modules == baseline.modules == ids
+
+
+def test_a_document_at_its_home_equals_the_full_prefill_bit_for_bit(cache_with_store):
+    # The first document is not moved: its cells are the ones computed after the preamble, and
+    # a full prefill computed in the same batches (preamble, document, question) gives the same logits.
+    cache = cache_with_store()
+    cache.add_document(FUJI)  # another document encoded first: its cells must not matter
+    doc = cache.add_document(PARIS)
+    prompt = _prompt(cache, QUESTION, [doc])
+    cached = cached_logits(cache, QUESTION, [doc])
+    full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.tail_start])
+    assert np.array_equal(cached, full)
+
+
+def test_relocating_by_zero_changes_no_byte(cache_with_store):
+    cache = cache_with_store()
+    doc = cache.add_document(PARIS)
+    preamble = preamble_tokens(None, cache.model, cache.markup)
+    blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(PARIS, cache.model))
+    impl = native if native.available() else state_blob
+    assert bytes(impl.relocate(blob, 0, cache._documents.rope)) == blob
+
+
+def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_store):
+    # RoPE makes attention depend on relative positions only, so a document computed after its
+    # preamble and then moved by d equals, up to the F16 rounding of the re-rotation, the same
+    # preamble and document computed d positions later. The first layer's K depends on nothing
+    # else, and the prompt's logits must agree within a tolerance (measured in README "Documents").
+    cache = cache_with_store()
+    doc = cache.add_document(PARIS)
+    other = cache.add_document(FUJI)
+    prompt = _prompt(cache, QUESTION, [other, doc])
+    placed = prompt.documents[1]
+    d = placed.start - prompt.home
+    work = cache.prompts
+    work.decode(prompt.preamble, range(d, d + prompt.home), 0, logits_last=False)
+    work.decode(placed.tokens, range(placed.start, placed.end), 0, logits_last=False)
+    work.seq_rm(0, d, d + prompt.home)
+    in_place_blob = state_blob.restream(work.state_get(0), 1)
+    work.seq_rm(0)
+    home_blob, _ = cache._documents.document_blob(prompt.preamble, doc, placed.tokens)
+    impl = native if native.available() else state_blob
+    moved = layer0_keys(impl.relocate(home_blob, d, cache._documents.rope))
+    in_place = layer0_keys(in_place_blob)
+    assert sorted(moved) == sorted(in_place) == list(range(placed.start, placed.end))
+    here = np.stack([in_place[p] for p in sorted(moved)])
+    there = np.stack([moved[p] for p in sorted(moved)])
+    assert np.abs(there - here).max() <= 0.01 * np.abs(here).max()
+
+    # The whole prompt: `doc` moved, against `doc` computed where it is used.
+    cached = cached_logits(cache, QUESTION, [other, doc])
+    preamble_blob, _ = cache._documents.preamble_blob(prompt.preamble)
+    other_blob, _ = cache._documents.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
+    work.state_set(0, state_blob.restream(impl.splice([preamble_blob, other_blob, in_place_blob]), work.n_stream))
+    work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    computed_there = work.logits()
+    work.seq_rm(0)
+    assert np.abs(cached - computed_there).max() < 0.05 * np.abs(computed_there).max()
+
+
+def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):
+    store = tmp_path / "store"
+    first = make_cache(store=store)
+    if first.model.info.n_swa:
+        pytest.skip("documents are moved by relocation, which sliding-window caches do not support")
+    ids = [first.add_document(text, name=name) for text, name in ((PARIS, "paris"), (FUJI, "fuji"))]
+    before = first.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8)
+    first.close()
+    second = make_cache(store=store)
+    assert {d.id for d in second.list_documents()} == set(ids)
+    after = second.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8)
+    assert second.documents_encoded == 0 and set(after.tiers.values()) == {"disk"}
+    assert after.token_ids == before.token_ids  # same tokens, same answer, whichever tier
+
+
+def test_remove_document_frees_its_files_and_leaves_the_others(cache_with_store, tmp_path):
+    cache = cache_with_store()
+    keep = cache.add_document(PARIS, name="paris")
+    gone = cache.add_document(FUJI, name="fuji")
+    cache.ask(QUESTION, documents=["fuji"], system="Answer briefly.", max_tokens=2)  # a second encoding of fuji
+    labels = lambda: sorted(k.label for k in cache.store.tiers[1].keys())  # noqa: E731
+    assert labels().count(f"document {gone}") == 2
+    cache.remove_document("fuji")
+    assert f"document {gone}" not in labels() and f"document {keep}" in labels()
+    assert not (tmp_path / "store" / "documents" / f"{gone}.json").exists()
+    with pytest.raises(UnknownDocumentError, match="fuji"):
+        cache.ask(QUESTION, documents=["fuji"], max_tokens=1)
+    encoded = cache.documents_encoded
+    assert cache.ask(QUESTION, documents=["paris"], max_tokens=2).tiers[keep] in ("ram", "disk")
+    assert cache.documents_encoded == encoded
+
+
+def test_a_library_three_times_the_context_loads_and_answers(cache_with_store):
+    cache = cache_with_store(n_ctx=256)
+    texts = [f"Note {i}: the meeting room {i} has {i * 3 + 2} chairs and a window facing {i % 4} o'clock."
+             for i in range(40)]
+    ids = [cache.add_document(text) for text in texts]
+    library_tokens = sum(len(document_tokens(t, cache.model)) for t in texts)
+    assert library_tokens > 3 * cache.ctx.n_ctx
+    assert cache.resident_cells == 0  # documents live in the byte tiers, not in the context
+    result = cache.ask("How many chairs are in room 7?", documents=[ids[7], ids[30], ids[2]], max_tokens=4)
+    assert result.finish_reason in ("stop", "length") and result.tiers[ids[30]] == "ram"
+
+
+def test_bad_documents_are_refused_with_the_fix(cache_with_store):
+    cache = cache_with_store(n_ctx=256)
+    with pytest.raises(DocumentError, match="empty"):
+        cache.add_document("   ")
+    with pytest.raises(DocumentError, match="split the document or raise n_ctx"):
+        cache.add_document("word " * 400, name="long")
+    paris = cache.add_document(PARIS, name="paris")
+    with pytest.raises(DocumentError, match="already names document"):
+        cache.add_document(FUJI, name="paris")
+    with pytest.raises(UnknownDocumentError, match="doc-0000"):
+        cache.ask(QUESTION, documents=["doc-0000"], max_tokens=1)
+    with pytest.raises(DocumentError, match="list of ids"):
+        cache.ask(QUESTION, documents=paris, max_tokens=1)
+    with pytest.raises(ContextOverflowError, match="fewer or shorter documents"):
+        cache.ask(QUESTION, documents=[paris] * 20, max_tokens=1)
+    assert cache.ask(QUESTION, documents=[paris], max_tokens=1).modules == [paris]  # still usable
+
+
+def test_documents_are_refused_on_sliding_window_models(make_cache):
+    cache = make_cache(store=False)
+    if not cache.model.info.n_swa:
+        pytest.skip("this model's cells can be moved")
+    with pytest.raises(DocumentError, match="sliding-window"):
+        cache.add_document(PARIS)
