@@ -40,7 +40,8 @@ from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens,
                                   tail_tokens)
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
-from pc_cpu.pml.layout import Layout, build_layout
+from pc_cpu.pml.fold import fold_layout
+from pc_cpu.pml.layout import ROOT, Layout, build_layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
@@ -162,7 +163,7 @@ class PromptCache:
             if loaded is None or loaded.schema.source != schema.source:
                 if loaded is not None:
                     self.unload_schema(schema.name)
-                layout = build_layout(schema, self.model, self.markup)
+                layout = self._layout(schema)
                 check_scaffolds(layout)
                 self._check_fits(layout)
                 loaded = LoadedSchema(schema, layout)
@@ -202,7 +203,12 @@ class PromptCache:
 
     def inspect_schema(self, pml: str) -> Layout:
         """Returns the layout of a schema without loading or encoding it."""
-        return build_layout(parse_schema(pml), self.model, self.markup)
+        return self._layout(parse_schema(pml))
+
+    def _layout(self, schema: Schema) -> Layout:
+        """Returns the schema's layout, folded when it spans more positions than a prompt holds (pc_cpu.pml.fold)."""
+        limit = min(self.ctx.n_ctx, self.model.info.n_ctx_train or self.ctx.n_ctx)
+        return fold_layout(build_layout(schema, self.model, self.markup), limit)
 
     def layout(self, name: str) -> Layout:
         """Returns the layout of a loaded schema."""
@@ -225,9 +231,12 @@ class PromptCache:
             raise UnknownSchemaError(f"schema {name!r} is not loaded (loaded: {known}); load it first") from None
 
     def _check_fits(self, layout: Layout) -> None:
-        if layout.length > self.ctx.n_ctx:
-            raise ContextOverflowError(f"schema {layout.schema!r} spans {layout.length} positions but the context "
-                                       f"has {self.ctx.n_ctx}; raise n_ctx or split the schema")
+        # Folded or not, every module must lie inside the context (ROOT's closing text is the prompt's).
+        last = max((m.end for name, m in layout.modules.items() if name != ROOT), default=layout.preamble_end)
+        if last > self.ctx.n_ctx:
+            raise ContextOverflowError(f"schema {layout.schema!r} has a module that ends at position {last} (after "
+                                       f"the preamble) but the context has {self.ctx.n_ctx}; raise n_ctx or split "
+                                       "the module")
         needed = max((encode_cells(layout, key, self.encoding) for key in encoding_keys(layout, self.encoding)),
                      default=0)
         if needed > self.ctx.n_ctx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import sys
@@ -58,6 +59,25 @@ ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=N
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
 store_option = click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
                             help="Directory of encoded modules (default: $PC_CPU_STORE_DIR, else ~/.cache/pc_cpu/store).")
+no_store_option = click.option("--no-store", is_flag=True,
+                               help="Keep encoded modules in RAM only (nothing written to disk).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the Result as one JSON object.")
+
+
+def generation_options(command):
+    """Adds the options of one generation (`run`, `ask`): max tokens, sampling, stop texts, --no-cache."""
+    options = [
+        click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=256, show_default=True),
+        click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy."),
+        click.option("--top-k", type=click.IntRange(0), default=0, help="0: off."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, help="1: off."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--stop", multiple=True, help="Stop when this text appears (repeatable)."),
+        click.option("--no-cache", is_flag=True, help="Baseline: full prefill of the same tokens."),
+    ]
+    for option in reversed(options):  # decorators apply bottom-up: this keeps --help in the order above
+        command = option(command)
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,13 +90,7 @@ def cli(verbose) -> None:
 @click.argument("prompt")
 @click.option("--schema", "schemas", multiple=True, required=True, help="Schema PML file (repeatable).")
 @model_option
-@click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-k", type=click.IntRange(0), default=0, help="0: off.")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, help="1: off.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
-@click.option("--no-cache", is_flag=True, help="Baseline: full prefill of the same tokens.")
+@generation_options
 @encoding_option
 @click.option("--recompute", default=None, help="Cached module tokens to compute again: tail:32, head:8,tail:32, "
               "10%, select:10% (the most deviating 10%), select:10%@module, relevant:1, all "
@@ -84,8 +98,8 @@ def cli(verbose) -> None:
 @ctx_option
 @threads_option
 @store_option
-@click.option("--no-store", is_flag=True, help="Keep encoded modules in RAM only (nothing written to disk).")
-@click.option("--json", "as_json", is_flag=True, help="Print the Result as one JSON object.")
+@no_store_option
+@json_option
 @verbose_option
 def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, encoding, recompute,
         n_ctx, threads, store_dir, no_store, as_json, verbose):
@@ -107,6 +121,11 @@ def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, sto
             if not as_json:
                 click.echo(piece, nl=False)
         result = stream.result
+    _report(result, as_json, "modules")
+
+
+def _report(result, as_json: bool, what: str) -> None:
+    """Prints the Result as JSON, or ends the streamed answer and prints its timings and tiers on stderr."""
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:
@@ -114,7 +133,96 @@ def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, sto
         served = ", ".join(f"{tier}: {n}" for tier, n in _count(result.tiers.values()).items())
         click.echo(f"[ttft {result.ttft_ms:.0f} ms | {result.cached_tokens} cached + {result.uncached_tokens} "
                    f"computed prompt tokens | {len(result.token_ids)} tokens in {result.total_ms:.0f} ms"
-                   f"{' | modules from ' + served if served else ''}]", err=True)
+                   f"{f' | {what} from ' + served if served else ''}]", err=True)
+
+
+@cli.command()
+@click.argument("question")
+@click.option("--doc", "docs", multiple=True, required=True, metavar="FILE",
+              help="A text file (UTF-8) to answer from (repeatable; placed in the order given).")
+@click.option("--system", default=None, help="A system message, before the documents.")
+@model_option
+@generation_options
+@ctx_option
+@threads_option
+@store_option
+@no_store_option
+@json_option
+@verbose_option
+def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, n_ctx, threads,
+        store_dir, no_store, as_json, verbose):
+    """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
+
+    Each file becomes a document of the store's library, named by its file name; asking
+    again with the same files (and --store) encodes nothing. `pc-cpu store ls` lists the
+    documents' encodings, `pc-cpu store rm NAME` removes one.
+
+    Example: pc-cpu ask 'Who kept the light?' --doc harbor.txt --doc keeper.md
+    """
+    if question == "-":
+        question = sys.stdin.read()
+    files = [(path, _read_document(path)) for path in docs]  # before the model loads: a typo fails fast
+    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
+        ids, served = _add_documents(pc, files, system)
+        stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
+                               use_cache=not no_cache)
+        for piece in stream:
+            if not as_json:
+                click.echo(piece, nl=False)
+        result = stream.result
+    # The documents were found or encoded when added, before the question: report those tiers (the
+    # question itself then finds them all in RAM, where adding put them).
+    tiers = {key: served.get(key, tier) for key, tier in result.tiers.items()}
+    _report(dataclasses.replace(result, tiers=tiers), as_json, "encodings")
+
+
+def _read_document(value: str) -> str:
+    """Returns the text of a --doc file; raises PromptCacheError, naming the file, when it is missing or empty."""
+    path = Path(value)
+    if not path.is_file():
+        raise PromptCacheError(f"document file {value!r} does not exist" + (" (it is a directory)" if path.is_dir()
+                                                                             else "") + "; check the --doc path")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptCacheError(f"document file {value!r} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                               "save it as UTF-8") from None
+    except OSError as exc:
+        raise PromptCacheError(f"cannot read document file {value!r}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise PromptCacheError(f"document file {value!r} is empty; give --doc a file with some text")
+    return text
+
+
+def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
+    """Adds each (path, text) to the library, named by its file name; returns the ids and where each was found.
+
+    Where: "encoded" when this run computed it, else "disk" (a new process's RAM tier is empty, so
+    an encoding this run did not compute came from the disk tier). Keys as in Result.tiers: the
+    document ids, and "#preamble" for the system message's cells when adding needed them.
+    """
+    ids: list[str] = []
+    served: dict[str, str] = {}
+    for path, text in files:
+        name = Path(path).name
+        owner = next((doc for doc in pc.list_documents() if name in doc.names), None)
+        if owner is not None and owner.text != text:
+            raise PromptCacheError(
+                f"--doc {path}: the name {name!r} already names document {owner.id}, whose text differs (was the "
+                f"file edited?); remove the old one with `pc-cpu store rm {name}` (with the same --store), or "
+                "rename the file")
+        before = pc.documents_encoded
+        doc_id = pc.add_document(text, name=name, system=system)
+        # Adding computes the document unless a tier holds it; only then does it need the preamble,
+        # which it computes too (a 2) unless a tier holds it. A preamble adding never needed is
+        # found or encoded by the question itself, whose Result then tells which.
+        computed = pc.documents_encoded - before
+        served.setdefault(doc_id, "encoded" if computed else "disk")
+        if computed:
+            served.setdefault("#preamble", "encoded" if computed >= 2 else "disk")
+        ids.append(doc_id)
+    return ids, served
 
 
 @cli.command()
@@ -185,7 +293,7 @@ def demo(model, threads, as_json, verbose):
 @verbose_option
 def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, schemas, model, n_ctx, threads, store_dir,
           encoding, verbose):
-    """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas.
+    """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas, /v1/documents.
 
     Example: PC_CPU_API_KEY=secret pc-cpu serve --schema demo.pml --port 8000
     """
@@ -226,7 +334,7 @@ def models(as_json):
 
 @cli.group()
 def store():
-    """Manage encoded modules saved on disk (the store's slowest tier).
+    """Manage encoded modules and documents saved on disk (the store's slowest tier).
 
     Example: pc-cpu store ls --store ~/.cache/pc_cpu/store
     """
@@ -236,14 +344,20 @@ def store():
 @store_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
 def store_ls(store_dir, as_json):
-    """List stored modules, least recently used first."""
-    listing = _open_disk_store(store_dir).ls()
+    """List stored modules and documents' encodings, least recently used first."""
+    disk = _open_disk_store(store_dir)
+    listing = disk.ls()
+    names = _document_names(disk)
     for item in listing:
-        row = {"id": item.path.stem, "module": item.key.module, "mode": item.key.mode, "tokens": item.n_tokens,
-               "positions": list(item.positions), "bytes": item.size_bytes, "schema": item.key.schema_hash[:12],
+        row = {"id": item.path.stem, "module": item.key.label, "mode": item.key.mode, "tokens": item.n_tokens,
+               "positions": list(item.positions), "bytes": item.size_bytes, "content": item.key.content[:12],
                "model": item.key.model[:12], "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(item.last_used))}
+        doc_id = _labelled_document(item.key.label)
+        if doc_id is not None:
+            row.update(document=doc_id, names=names.get(doc_id, []))
+        label = row["module"] + (f" ({', '.join(row['names'])})" if row.get("names") else "")
         click.echo(json.dumps(row) if as_json else
-                   f"{row['id'][:12]}  {row['module']:<20} {row['mode']:<11} {row['tokens']:>6} tok "
+                   f"{row['id'][:12]}  {label:<28} {row['mode']:<11} {row['tokens']:>6} tok "
                    f"{_human_bytes(row['bytes']):>10}  {row['last_used']}")
     if not as_json:
         click.echo(f"{len(listing)} entries, {_human_bytes(sum(i.size_bytes for i in listing))}", err=True)
@@ -263,19 +377,27 @@ def verify(store_dir, delete):
 
 
 @store.command()
-@click.argument("ids", nargs=-1, required=True)
+@click.argument("ids", nargs=-1, required=True, metavar="ID_OR_NAME...")
 @store_option
 def rm(ids, store_dir):
-    """Remove stored modules by id (a prefix of the id `ls` shows is enough)."""
+    """Remove stored modules by id (a prefix of the id `ls` shows is enough), or documents by id or name.
+
+    A document (doc-..., or the name it was added with, e.g. its file name) loses its library
+    entry and every encoding of it; other documents and modules are untouched.
+    """
     disk = _open_disk_store(store_dir)
     entries = {item.path.stem: item.key for item in disk.ls()}
     for prefix in ids:
+        if _remove_document(disk, prefix):
+            entries = {item.path.stem: item.key for item in disk.ls()}
+            continue
         matches = [digest for digest in entries if digest.startswith(prefix)]
         if len(matches) != 1:
             raise PromptCacheError(f"id {prefix!r} matches {len(matches)} stored modules; give a longer prefix "
-                                   "from `pc-cpu store ls`" if matches else f"no stored module has id {prefix!r}")
+                                   "from `pc-cpu store ls`" if matches else
+                                   f"no stored module has id {prefix!r}, and no document has it as id or name")
         disk.remove(entries[matches[0]])
-        click.echo(f"removed {matches[0][:12]} ({entries[matches[0]].module})")
+        click.echo(f"removed {matches[0][:12]} ({entries[matches[0]].label})")
 
 
 @store.command()
@@ -287,6 +409,55 @@ def clear(store_dir, yes):
     if not yes:
         click.confirm(f"delete every stored module in {disk.directory}?", abort=True)
     click.echo(f"removed {disk.clear()} entries")
+
+
+def _document_library(disk):
+    """Returns the document library beside a disk store, or None when it has none (nothing is created)."""
+    from pc_cpu.store.documents import DocumentLibrary
+
+    directory = disk.directory / "documents"
+    return DocumentLibrary(directory) if directory.is_dir() else None
+
+
+def _document_names(disk) -> dict[str, list[str]]:
+    """Returns the names of each document of the store's library, by id."""
+    library = _document_library(disk)
+    return {} if library is None else {doc.id: list(doc.names) for doc in library.all()}
+
+
+def _labelled_document(label: str) -> str | None:
+    """Returns the document id a store label names (`document doc-...`), else None (modules, preambles)."""
+    from pc_cpu.store.documents import document_label
+
+    prefix = document_label("")
+    doc_id = label[len(prefix):] if label.startswith(prefix) else ""
+    return doc_id if doc_id.startswith("doc-") else None
+
+
+def _remove_document(disk, id_or_name: str) -> bool:
+    """Removes a document (its library file, and its encodings from the disk store); False if none matches.
+
+    A document id whose library file is gone still matches the encodings labelled with it.
+    """
+    from pc_cpu.errors import UnknownDocumentError
+    from pc_cpu.store.documents import document_label
+
+    library = _document_library(disk)
+    try:
+        doc = library.resolve(id_or_name) if library is not None else None
+    except UnknownDocumentError:
+        doc = None
+    doc_id = doc.id if doc is not None else id_or_name
+    keys = [key for key in disk.keys() if key.label == document_label(doc_id)]
+    if doc is None and not keys:
+        return False
+    for key in keys:
+        disk.remove(key)
+    if doc is not None:
+        library.remove(doc.id)
+    names = f" ({', '.join(doc.names)})" if doc is not None and doc.names else ""
+    click.echo(f"removed document {doc_id}{names}: {len(keys)} stored encoding{'s' if len(keys) != 1 else ''}")
+    return True
 
 
 def _count(values) -> dict:

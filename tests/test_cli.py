@@ -120,9 +120,9 @@ def test_store_commands_list_verify_and_remove_entries(tiny_model_path, schema_f
     assert code == 0 and "modules from" in err
     code, out, _ = run_main(["store", "ls", "--store", store, "--json"], capsys)
     rows = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and {r["module"] for r in rows} == {"doc", "a", "b", "ask"}  # no preamble, no BOS: no #root
+    assert code == 0 and {r["module"] for r in rows} == {"s/doc", "s/a", "s/b", "s/ask"}  # no preamble, no BOS: no #root
     assert run_main(["store", "verify", "--store", store], capsys)[0] == 0
-    doc_id = next(r["id"] for r in rows if r["module"] == "doc")
+    doc_id = next(r["id"] for r in rows if r["module"] == "s/doc")
     code, out, _ = run_main(["store", "rm", doc_id[:10], "--store", store], capsys)
     assert code == 0 and "removed" in out
     code, _, err = run_main(["store", "rm", doc_id[:10], "--store", store], capsys)
@@ -263,3 +263,120 @@ def test_an_unknown_model_name_is_one_line_naming_the_known_ones(schema_file, ca
     code, _, err = run_main(["run", '<prompt schema="s"><doc/></prompt>', "--schema", schema_file,
                              "--model", "llama-9000"], capsys)
     assert code == 2 and err.startswith("error: model 'llama-9000' is neither a model name (smollm2-135m,")
+
+
+# --- ask: questions over document files, encoded once and kept in the store ---
+
+
+@pytest.fixture
+def doc_files(tmp_path):
+    """Two document files, boats.txt and trains.txt."""
+    files = {"boats.txt": "Boats float on the sea. The harbour keeps them safe.",
+             "trains.txt": "Trains run on rails between the towns."}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text + "\n", encoding="utf-8")
+    return [str(tmp_path / name) for name in files]
+
+
+def ask_args(model, store, *docs, question="What floats?"):
+    args = ["ask", question, "--model", str(model), "--max-tokens", "4", "--store", str(store)]
+    for doc in docs:
+        args += ["--doc", doc]
+    return args
+
+
+def test_ask_json_is_the_result_and_a_second_run_encodes_nothing(tiny_model_path, doc_files, schema_file, tmp_path,
+                                                                  capsys):
+    from pathlib import Path
+
+    from pc_cpu.pml.documents import document_id
+
+    store = tmp_path / "store"
+    ids = [document_id(Path(path).read_text(encoding="utf-8")) for path in doc_files]
+    code, out, _ = run_main(ask_args(tiny_model_path, store, *doc_files) + ["--json"], capsys)
+    assert code == 0, out
+    first = json.loads(out)
+    assert first["modules"] == ids and len(first["token_ids"]) == 4 and first["cached_tokens"] > 0
+    assert first["tiers"] == {"#preamble": "encoded", ids[0]: "encoded", ids[1]: "encoded"}
+    code, out, _ = run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+                             str(tiny_model_path), "--max-tokens", "4", "--no-store", "--json"], capsys)
+    assert code == 0 and set(json.loads(out)) == set(first)  # the same fields as `run --json`
+
+    code, out, _ = run_main(ask_args(tiny_model_path, store, *doc_files) + ["--json"], capsys)
+    second = json.loads(out)
+    assert code == 0 and second["tiers"] == {"#preamble": "disk", ids[0]: "disk", ids[1]: "disk"}
+    assert (second["text"], second["cached_tokens"]) == (first["text"], first["cached_tokens"])
+    code, out, _ = run_main(ask_args(tiny_model_path, store, *reversed(doc_files)) + ["--json"], capsys)
+    assert code == 0 and json.loads(out)["modules"] == ids[::-1]
+
+
+def test_ask_streams_the_answer_and_names_the_tiers_on_stderr(tiny_model_path, doc_files, tmp_path, capsys):
+    store = tmp_path / "store"
+    code, out, err = run_main(ask_args(tiny_model_path, store, doc_files[0]) + ["--system", "Be brief."], capsys)
+    assert code == 0 and out.endswith("\n") and "encodings from encoded: 2]" in err
+    code, second, err = run_main(ask_args(tiny_model_path, store, doc_files[0]) + ["--system", "Be brief."], capsys)
+    assert code == 0 and second == out and "encodings from disk: 2]" in err
+    code, _, err = run_main(ask_args(tiny_model_path, store, doc_files[0]), capsys)  # no system: another preamble
+    assert code == 0 and "encodings from encoded: 2]" in err
+
+
+def test_ask_no_cache_is_the_full_prefill_baseline(tiny_model_path, doc_files, tmp_path, capsys):
+    code, out, _ = run_main(ask_args(tiny_model_path, tmp_path / "store", *doc_files) + ["--no-cache", "--json"],
+                            capsys)
+    data = json.loads(out)
+    assert code == 0 and data["use_cache"] is False and data["cached_tokens"] == 0 and data["tiers"] == {}
+
+
+def test_bad_documents_are_one_error_line(tiny_model_path, doc_files, tmp_path, capsys):
+    store = tmp_path / "store"
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "long.txt").write_text("word " * 600)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "boats.txt").write_text("Another text under the same file name.")
+    cases = [
+        ([str(tmp_path / "missing.txt")], [], ["document file", "missing.txt", "does not exist"]),
+        ([str(tmp_path / "empty.txt")], [], ["empty.txt", "is empty"]),
+        ([str(tmp_path / "latin1.txt")], [], ["latin1.txt", "not UTF-8"]),
+        ([str(tmp_path / "long.txt")], ["--n-ctx", "256"], ["long.txt", "tokens", "raise n_ctx"]),
+        ([doc_files[0], str(tmp_path / "other" / "boats.txt")], [], ["'boats.txt' already names document",
+                                                                      "pc-cpu store rm boats.txt"]),
+    ]
+    for docs, extra, fragments in cases:
+        code, _, err = run_main(ask_args(tiny_model_path, store, *docs) + extra, capsys)
+        assert_one_error_line(code, err, *fragments)
+
+
+def test_store_ls_names_documents_and_rm_removes_one_document_only(tiny_model_path, doc_files, schema_file, tmp_path,
+                                                                    capsys):
+    from pathlib import Path
+
+    from pc_cpu.pml.documents import document_id
+
+    store = tmp_path / "store"
+    boats, trains = (document_id(Path(path).read_text(encoding="utf-8")) for path in doc_files)
+    assert run_main(ask_args(tiny_model_path, store, *doc_files), capsys)[0] == 0
+    assert run_main(["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file, "--model",
+                     str(tiny_model_path), "--max-tokens", "1", "--store", str(store)], capsys)[0] == 0
+    code, out, _ = run_main(["store", "ls", "--store", str(store), "--json"], capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    by_label = {row["module"]: row for row in rows}
+    assert code == 0 and by_label[f"document {boats}"]["names"] == ["boats.txt"]
+    assert by_label[f"document {trains}"]["document"] == trains and "s/doc" in by_label
+    code, out, _ = run_main(["store", "ls", "--store", str(store)], capsys)
+    assert f"document {boats} (boats.txt)" in out and f"document {trains} (trains.txt)" in out
+
+    assert run_main(["store", "verify", "--store", str(store)], capsys)[0] == 0  # documents/ is not an entry
+    code, out, _ = run_main(["store", "rm", "boats.txt", "--store", str(store)], capsys)
+    assert code == 0 and out == f"removed document {boats} (boats.txt): 1 stored encoding\n"
+    assert not (store / "documents" / f"{boats}.json").exists() and (store / "documents" / f"{trains}.json").exists()
+    code, out, _ = run_main(["store", "ls", "--store", str(store), "--json"], capsys)
+    left = [json.loads(line) for line in out.splitlines()]
+    assert [row for row in rows if row["module"] != f"document {boats}"] == left  # nothing else went
+
+    code, _, err = run_main(["store", "rm", "boats.txt", "--store", str(store)], capsys)
+    assert_one_error_line(code, err, "no stored module has id 'boats.txt', and no document has it")
+    code, out, _ = run_main(["store", "rm", trains, "--store", str(store)], capsys)  # by id
+    assert code == 0 and out.startswith(f"removed document {trains} (trains.txt)")
+    code, out, _ = run_main(ask_args(tiny_model_path, store, *doc_files) + ["--json"], capsys)
+    assert code == 0 and json.loads(out)["tiers"] == {"#preamble": "disk", boats: "encoded", trains: "encoded"}

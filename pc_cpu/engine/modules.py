@@ -97,7 +97,7 @@ class ModuleCache:
             return hit.tier
         keep = keep | self._make_neighbours_resident(layout, key, keep)
         self._make_room(encode_cells(layout, key, self.mode), keep)
-        library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
+        library = self._place(resident_key, runs, keep)
         try:
             encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
                        library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,
@@ -113,7 +113,7 @@ class ModuleCache:
                            keep: set) -> bool:
         """Makes a stored state resident; returns False, and removes it from the store, when it cannot be restored."""
         self._make_room(sum(len(run.tokens) for run in runs), keep)
-        library = self.resident.put(resident_key, tuple((run.start, run.end) for run in runs))
+        library = self._place(resident_key, runs, keep)
         try:
             refusal = self._restore(hit.entry, runs, library)
         except Exception:
@@ -193,6 +193,20 @@ class ModuleCache:
         served = self.store.prefetch([self.key_of(layout, m) for m in members])
         hit = self.store.get(store_key)
         return Hit(hit.entry, served[store_key]) if hit is not None and served.get(store_key) else hit
+
+    def _place(self, key: StoreKey, runs: tuple[Run, ...], keep: set) -> int:
+        """Returns the library sequence for `key`'s runs, evicting least recently used encodings to free one.
+
+        Modules that share positions (union members, a folded schema's modules) each need a
+        sequence of their own, and a context has a fixed number of them.
+        """
+        intervals = tuple((run.start, run.end) for run in runs)
+        for victim in self.resident.least_recent():
+            if self.resident.fits(intervals):
+                break
+            if victim not in keep:
+                self._drop(victim)
+        return self.resident.put(key, intervals)
 
     def _make_room(self, cells: int, keep: set) -> None:
         """Evicts least recently used encodings (not in `keep`) until `cells` KV cells are free."""

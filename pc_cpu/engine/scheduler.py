@@ -179,13 +179,12 @@ def prefill_slot(ctx: Context, modules: ModuleCache, layout: Layout, plan: Plan,
     head, tail = split_tail(plan)
     if head.ops:
         library_of = lambda key: modules.sequence_of(layout, key)  # noqa: E731
+        pending: list[bool] = []  # per moved module: its K rotation still pending in llama.cpp
         if head.selected_tokens:
             if blender is None:
                 raise EngineError("recompute 'select:…' needs the probe model; use PromptCache.generate")
             blender.assemble(head, slot, library_of)
         else:
-            pending = []
-
             def place_moved(op: CopyCells, seq: int) -> None:
                 pending.append(copy_moved(ctx, library_of(op.encoding), op.encoded_at, op.encoded_at + len(op.tokens),
                                           op.start - op.encoded_at, seq, scratch=modules.scratch, rope=modules.rope))

@@ -126,6 +126,7 @@ class Layout:
     nodes: tuple[NodeLayout, ...]
     uses_roles: bool
     preamble_end: int  # where the first module starts; ROOT text from here on is computed per prompt
+    folded: bool = False  # every top-level module starts at preamble_end (pc_cpu.pml.fold): prompts are packed
 
     def module(self, name: str) -> ModuleLayout:
         """Returns the named module's layout; raises PromptError naming the known modules."""

@@ -146,7 +146,7 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     redo = (_recomputed_positions(layout, imported, recompute)
             | _relevant_positions(layout, imported, recompute.relevant, text))
     order = _written_order(layout, prompt.imports)
-    if order == sorted(order, key=lambda name: layout.modules[name].start):
+    if not layout.folded and order == sorted(order, key=lambda name: layout.modules[name].start):
         ops = _module_ops(layout, imported, _encoding_sources(layout, imported), tokenizer, redo)
         modules = tuple(sorted(imported, key=lambda name: (layout.modules[name].start, name != ROOT)))
     else:
@@ -175,7 +175,7 @@ def _written_order(layout: Layout, imports: tuple[Import, ...]) -> list[str]:
 
 
 def _packed_ops(layout: Layout, imported: dict[str, dict[str, str]], order: list[str], tokenizer: Tokenizer,
-                redo: frozenset[int]) -> list[Op]:
+                redo: frozenset[tuple[str, int]]) -> list[Op]:
     """Returns the ops of a prompt whose modules are placed in `order`, back to back after the preamble.
 
     Each top-level module comes with the modules nested in it and its arguments, moved
@@ -308,21 +308,21 @@ def _check_args(layout: Layout, module: ModuleLayout, item: Import) -> None:
                               line=item.line)
 
 
-def _recomputed_positions(layout: Layout, imported, policy: RecomputePolicy) -> frozenset[int]:
-    """Returns the cached positions that the policies say to compute again (ROOT's preamble never)."""
-    chosen: set[int] = set()
+def _recomputed_positions(layout: Layout, imported, policy: RecomputePolicy) -> frozenset[tuple[str, int]]:
+    """Returns the (module, cached position) pairs the policies say to compute again (ROOT's preamble never)."""
+    chosen: set[tuple[str, int]] = set()
     for name in imported:
         module = layout.modules[name]
         own_policy = module.recompute or policy
         if name == ROOT or own_policy == NO_RECOMPUTE:
             continue
         cached = [p for piece in module.pieces if layout.is_cached(name, piece) for p in range(piece.start, piece.end)]
-        chosen |= own_policy.choose(cached)
+        chosen |= {(name, p) for p in own_policy.choose(cached)}
     return frozenset(chosen)
 
 
-def _relevant_positions(layout: Layout, imported, count: int, query: list[int]) -> frozenset[int]:
-    """Returns every cached position of the `count` imported modules most like the prompt's own text.
+def _relevant_positions(layout: Layout, imported, count: int, query: list[int]) -> frozenset[tuple[str, int]]:
+    """Returns every (module, cached position) of the `count` imported modules most like the prompt's own text.
 
     A module's score is the sum, over distinct query tokens it contains, of log(1 + M / df):
     tokens that every module has (markup, "the") count little. Ties go to the earlier module.
@@ -340,7 +340,7 @@ def _relevant_positions(layout: Layout, imported, count: int, query: list[int]) 
         return sum(math.log(1 + len(vocab) / df[t]) for t in wanted & vocab[name])
 
     top = sorted(vocab, key=lambda name: (-score(name), layout.modules[name].start))[:count]
-    return frozenset(p for name in top for p, _ in cached[name])
+    return frozenset((name, p) for name in top for p, _ in cached[name])
 
 
 def _split_recomputed(piece: Piece, redo: frozenset[int]) -> list[tuple[bool, Piece]]:
@@ -358,17 +358,18 @@ def _split_recomputed(piece: Piece, redo: frozenset[int]) -> list[tuple[bool, Pi
 
 
 def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], sources: dict[str, str | None],
-                tokenizer: Tokenizer, redo: frozenset[int] = frozenset()) -> list[Op]:
+                tokenizer: Tokenizer, redo: frozenset[tuple[str, int]] = frozenset()) -> list[Op]:
     """Returns the ops that place every imported module's pieces, in position order.
 
     Cached pieces are shared from the encoding `sources` names for their module,
-    except positions in `redo`, which are computed again where they stand.
+    except the (module, position) pairs in `redo`, which are computed again where they stand.
     """
     pieces = sorted(((p, name) for name in imported for p in layout.modules[name].pieces), key=lambda x: x[0].start)
     ops: list[Op] = []
     for piece, module in pieces:
         if layout.is_cached(module, piece):
-            for again, part in _split_recomputed(piece, redo) if redo else [(False, piece)]:
+            own = frozenset(p for m, p in redo if m == module)
+            for again, part in _split_recomputed(piece, own) if own else [(False, piece)]:
                 _append(ops, DecodeTokens(part.start, part.tokens, f"recomputed tokens of module {module!r}")
                         if again else CopyCells(module, part.start, part.tokens, sources[module]))
         elif piece.param is None:

@@ -1,12 +1,14 @@
 """Gives the FastAPI app of `pc-cpu serve`: OpenAI-style completions over one PromptCache.
 
 Routes: POST /v1/completions (a PML prompt), POST /v1/chat/completions (messages importing a
-schema's modules), POST|GET /v1/schemas, DELETE /v1/schemas/{name}, GET /v1/models, GET /health.
+schema's modules, or a question over `documents`), POST|GET /v1/schemas, DELETE /v1/schemas/{name},
+POST|GET /v1/documents, DELETE /v1/documents/{id or name}, GET /v1/models, GET /health.
 `stream: true` answers with server-sent events (`data: {chunk}`, then `data: [DONE]`).
 
 Errors are JSON `{"error": {"message", "type"}}`: a PromptCacheError is 400 with its class name as
 type (ContextOverflowError included); a body that does not validate is 422; an unknown schema
-name in DELETE is 404; a missing or wrong API key is 401, a body over the limit 413, and a new
+name in DELETE is 404, and so is an unknown document anywhere (UnknownDocumentError); a
+missing or wrong API key is 401, a body over the limit 413, and a new
 schema beyond `max_schemas` 409 (pc_cpu.server.guard). The PromptCache is called only from worker threads (see feed.py), never on
 the event loop; the app owns those threads and cancels them when it shuts down.
 """
@@ -27,7 +29,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pc_cpu.errors import PromptCacheError, UnknownSchemaError
+from pc_cpu.errors import PromptCacheError, UnknownDocumentError, UnknownSchemaError
+from pc_cpu.pml.documents import document_tokens
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.schema import parse_schema
 from pc_cpu.server import openai_api as api
@@ -73,11 +76,18 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         app.add_middleware(BearerAuth, api_key=api_key)  # added last, so it runs first: no body read for strangers
     adding_schema = asyncio.Lock()  # the limit is checked and the schema loaded as one step
 
-    def open_feed(prompt_pml: str, options: dict) -> Feed:
+    def open_feed(open_stream: Callable[[], object]) -> Feed:
         feeds.difference_update([f for f in feeds if f.finished.is_set()])
-        feed = Feed(lambda: cache.stream(prompt_pml, **options), executor)
+        feed = Feed(open_stream, executor)
         feeds.add(feed)
         return feed
+
+    document_sizes: dict[str, int] = {}  # id -> tokens; an id is a hash of the text, so it never changes
+
+    def document_json(doc) -> dict:  # in a worker thread: tokenizing a long document takes a while
+        if doc.id not in document_sizes:
+            document_sizes[doc.id] = len(document_tokens(doc.text, cache.model))
+        return api.document_json(doc, document_sizes[doc.id])
 
     @app.get("/health")
     async def health() -> dict:
@@ -119,20 +129,55 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
     async def completions(body: api.CompletionRequest, request: Request):
         options = body.options()
         id_ = api.new_id("cmpl")
-        feed = open_feed(body.prompt_pml(), options)
+        prompt = body.prompt_pml()
+        feed = open_feed(lambda: cache.stream(prompt, **options))
         return await _answer(feed, request, body.stream,
                              whole=lambda result: api.completion_json(id_, model_name, result),
                              chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result))
 
+    @app.get("/v1/documents")
+    async def list_documents() -> dict:
+        def listing():
+            return [document_json(doc) for doc in cache.list_documents()]
+
+        return {"object": "list", "data": await run_in_threadpool(listing)}
+
+    @app.post("/v1/documents")
+    async def add_document(body: api.DocumentRequest):
+        # Stripped, as chat's system messages are (ChatRequest.question): the same text, the same preamble.
+        system = (body.system or "").strip() or None
+
+        def add():  # encodes the document unless a tier holds it already: slow
+            doc_id = cache.add_document(body.text, name=body.name, system=system)
+            return document_json(cache.library.resolve(doc_id))
+
+        return await run_in_threadpool(add)
+
+    @app.delete("/v1/documents/{id_or_name:path}")  # :path: a name may hold a slash
+    async def delete_document(id_or_name: str):
+        def remove():  # UnknownDocumentError: 404 (see _add_error_handlers)
+            doc = cache.library.resolve(id_or_name)
+            cache.remove_document(doc.id)
+            document_sizes.pop(doc.id, None)
+            return doc
+
+        doc = await run_in_threadpool(remove)
+        return {"id": doc.id, "object": "document", "names": list(doc.names), "deleted": True}
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatRequest, request: Request):
         options = body.options()
-        layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
-        names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
-        prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
-                                 import_names=names)
+        if body.documents is not None:
+            question, system = body.question()
+            documents = list(body.documents)
+            feed = open_feed(lambda: cache.stream_ask(question, documents=documents, system=system, **options))
+        else:
+            layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
+            names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
+            prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
+                                     import_names=names)
+            feed = open_feed(lambda: cache.stream(prompt, **options))
         id_ = api.new_id("chatcmpl")
-        feed = open_feed(prompt, options)
 
         def chunk(text, result=None):
             return api.chat_chunk(id_, model_name, {"content": text} if text else {}, result)
@@ -215,6 +260,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PromptCacheError)
     async def prompt_cache_error(request: Request, exc: PromptCacheError):
         return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=400)
+
+    @app.exception_handler(UnknownDocumentError)  # more specific than PromptCacheError: this one applies
+    async def unknown_document(request: Request, exc: UnknownDocumentError):
+        return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=404)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

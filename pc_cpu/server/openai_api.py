@@ -2,7 +2,10 @@
 
 Differences from OpenAI, on purpose:
 - `prompt` (completions) is a PML `<prompt schema="...">` document; chat needs `schema`, the name
-  of a loaded schema whose modules the messages import (see pc_cpu.server.chat).
+  of a loaded schema whose modules the messages import (see pc_cpu.server.chat), or instead
+  `documents`, ids or names of documents added with POST /v1/documents: the answer then comes
+  from PromptCache.ask, and the messages must be any system (or developer) messages, whose
+  texts joined are the system message, then one user message, the question.
 - `temperature` defaults to 0 (greedy, reproducible), not 1; `max_tokens` defaults to 256.
 - Extensions: `top_k` (0: off), `use_cache` (false: full prefill of the same tokens, the baseline),
   `recompute` (cached module tokens to compute again, e.g. "tail:32" or "select:10%"; see
@@ -19,11 +22,12 @@ import time
 import uuid
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.result import Result
 from pc_cpu.server.chat import Message
+from pc_cpu.store.documents import Document
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -92,20 +96,56 @@ class ChatMessageIn(BaseModel):
         return Message(self.role, "".join(part.text for part in self.content))
 
 
+SYSTEM_ROLES = ("system", "developer")
+
+
 class ChatRequest(SamplingRequest):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    schema_name: str = Field(alias="schema")
+    schema_name: Optional[str] = Field(None, alias="schema")
+    documents: Optional[list[str]] = None  # ids or names: answer with PromptCache.ask instead of a schema
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _schema_or_documents(self) -> "ChatRequest":
+        if self.documents is None:
+            if self.schema_name is None:
+                raise ValueError("send `schema` (a loaded schema the messages import from) or `documents` "
+                                 "(ids or names of documents to answer from, see POST /v1/documents)")
+            return self
+        if self.schema_name is not None:
+            raise ValueError("send `schema` or `documents`, not both: a question over documents uses no schema")
+        if self.recompute is not None:
+            raise ValueError("`recompute` applies to schema prompts only; leave it out with `documents`")
+        roles = [message.role for message in self.messages]
+        if roles[-1] != "user" or any(role not in SYSTEM_ROLES for role in roles[:-1]):
+            raise ValueError("with `documents`, send any system (or developer) messages, then one user message, "
+                             f"the question; got roles {roles}")
+        return self
 
     def options(self) -> dict:
         options = super().options()
         if self.max_tokens is None and self.max_completion_tokens is not None:
             options["max_tokens"] = self.max_completion_tokens
+        if self.documents is not None:
+            del options["recompute"]  # PromptCache.ask takes none (the validator refused one)
         return options
+
+    def question(self) -> tuple[str, str | None]:
+        """Returns the question (the user message) and the system message (None without one), for documents."""
+        messages = [m.message(i) for i, m in enumerate(self.messages)]
+        system = [message.text.strip() for message in messages[:-1] if message.text.strip()]
+        return messages[-1].text.strip(), "\n\n".join(system) if system else None
 
 
 class SchemaRequest(BaseModel):
     pml: str
+
+
+class DocumentRequest(BaseModel):
+    text: str
+    name: Optional[str] = Field(None, min_length=1)  # an alias of the id; DELETE and `documents` accept it
+    system: Optional[str] = None  # encode for this system message now (asking with another encodes on first use)
+    # (stripped, and empty is none, as chat's system messages are: the same text then finds the same encodings)
 
 
 # --- answers ----------------------------------------------------------------
@@ -157,6 +197,17 @@ def chat_chunk(id_: str, model: str, delta: dict, result: Result | None = None) 
     if result is not None:
         chunk.update(usage=usage(result), tiers=result.tiers)
     return chunk
+
+
+PREVIEW_CHARS = 80
+
+
+def document_json(doc: Document, tokens: int) -> dict:
+    """Returns a document as the API lists it: no full text, a one-line preview of its start."""
+    flat = " ".join(doc.text.split())
+    preview = flat if len(flat) <= PREVIEW_CHARS else flat[:PREVIEW_CHARS - 1] + "\u2026"
+    return {"id": doc.id, "object": "document", "names": list(doc.names), "tokens": tokens,
+            "chars": len(doc.text), "added": int(doc.added), "preview": preview}
 
 
 def error_json(message: str, type_: str) -> dict:

@@ -59,6 +59,10 @@ class ResidentTier:
         """Returns the KV cells `key` holds."""
         return sum(b - a for a, b in self.intervals(key))
 
+    def fits(self, intervals: tuple[Interval, ...]) -> bool:
+        """Returns True when some library sequence holds nothing at `intervals` (put would succeed)."""
+        return any(not library.overlaps(intervals) for library in self._libraries)
+
     def put(self, key: ModuleKey, intervals: tuple[Interval, ...]) -> int:
         """Returns the library sequence chosen for a module occupying `intervals` (first fit).
 

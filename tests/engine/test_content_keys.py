@@ -61,3 +61,22 @@ def test_a_module_nearly_as_long_as_the_context_loads(make_cache):
     cache.load_schema(schema)
     result = cache.generate('<prompt schema="long"><doc/> And then</prompt>', max_tokens=2)
     assert result.cached_tokens >= 4600
+
+
+@pytest.mark.tiny_only
+def test_a_schema_three_times_the_context_loads_and_answers(make_cache, tmp_path):
+    cache = make_cache(n_ctx=256, store=tmp_path / "store")
+    schema = notes("big", 60)
+    assert cache.inspect_schema(schema).length <= 256  # folded: every note right after the system message
+    from pc_cpu.pml.layout import build_layout
+    from pc_cpu.pml.schema import parse_schema
+
+    assert build_layout(parse_schema(schema), cache.model, cache.markup).length > 3 * 256
+    cache.load_schema(schema)
+    assert cache.modules.encoded == 61  # the preamble and each note, once
+    assert cache.resident_cells <= cache.ctx.n_ctx
+    result = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3)
+    assert result.modules == ["n42", "n7", "n0"] and result.finish_reason in ("stop", "length")
+    baseline = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3,
+                              use_cache=False)
+    assert baseline.uncached_tokens == result.cached_tokens + result.uncached_tokens
