@@ -27,7 +27,7 @@ import platformdirs
 
 from pc_cpu.errors import CorruptEntryError, EntryTooLargeError, StoreError
 from pc_cpu.store.base import Evicted
-from pc_cpu.store.disk_format import Header, encode_header, read_entry, read_header
+from pc_cpu.store.disk_format import LEGACY_CONTENT_PREFIX, Header, encode_header, read_entry, read_header
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 
@@ -313,6 +313,9 @@ class DiskStore:
 
 def _check_name(path: Path, header: Header) -> None:
     """Raises CorruptEntryError if the file's name is not the digest of the key it holds."""
+    if header.key.content.startswith(LEGACY_CONTENT_PREFIX):
+        raise CorruptEntryError("written by a pc_cpu that keyed modules by schema text; no key of this version "
+                                "can match it", reason="old_key_scheme")
     if header.key.digest() != path.name[: -len(SUFFIX)]:
         raise CorruptEntryError(f"file holds {header.key.describe()}, whose digest is not its name",
                                 reason="foreign_key")

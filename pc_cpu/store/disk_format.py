@@ -26,6 +26,7 @@ from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 
 MAGIC = b"PCSTORE\0"
+LEGACY_CONTENT_PREFIX = "schema:"  # the content of a file keyed by schema text (before content keys): never matched
 FORMAT_VERSION = 1
 MAX_META_BYTES = 64 * 1024  # a header is a few hundred bytes; more means garbage
 _FIXED = struct.Struct("<8sII32s")  # magic, version, meta_len (bytes), sha256(meta)
@@ -86,7 +87,7 @@ def _parse_meta(raw: bytes, *, header_len: int) -> Header:
     try:
         meta = json.loads(raw.decode("utf-8"))
         if "content" not in meta and "schema_hash" in meta:  # written before content keys: listed, never matched
-            meta = {**meta, "content": "schema:" + meta["schema_hash"], "label": meta.get("module", "")}
+            meta = {**meta, "content": LEGACY_CONTENT_PREFIX + meta["schema_hash"], "label": meta.get("module", "")}
         strings = [meta[k] for k in ("model", "content", "mode", "label", "payload_sha256")]
         ints = [meta[k] for k in ("n_tokens", "pos_start", "pos_end", "payload_len")]
         created = meta["created"]

@@ -328,3 +328,29 @@ def test_module_logs_and_never_prints(store_dir, capsys):
     disk.get(key("a"))
     assert capsys.readouterr() == ("", "")
     assert disk_module.log.name == "pc_cpu.store.disk"
+
+
+def _old_scheme_file(directory: pathlib.Path, payload: bytes) -> pathlib.Path:
+    """Writes a store file as pc_cpu wrote it before content keys: keyed by schema hash and module name."""
+    import json
+    import struct
+
+    from pc_cpu.store.disk_format import FORMAT_VERSION, MAGIC
+
+    meta = json.dumps({"model": "model-A", "schema_hash": "ab" * 32, "module": "intro", "mode": "preamble",
+                       "n_tokens": 7, "pos_start": 3, "pos_end": 10, "created": 1000.0,
+                       "payload_len": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()},
+                      separators=(",", ":")).encode()
+    header = struct.pack("<8sII32s", MAGIC, FORMAT_VERSION, len(meta), hashlib.sha256(meta).digest()) + meta
+    old_digest = hashlib.sha256(b'["pc_cpu.store.key/1","model-A","' + b"ab" * 32 + b'","intro","preamble"]')
+    path = directory / f"{old_digest.hexdigest()}.pcs"
+    path.write_bytes(header + payload)
+    return path
+
+
+def test_a_file_of_the_old_key_scheme_misses_and_is_cleaned_up(store_dir, caplog):
+    old = _old_scheme_file(store_dir, b"\x01" * PAYLOAD)
+    with caplog.at_level(logging.WARNING):
+        disk = DiskStore(store_dir)  # no exception
+    assert disk.ls() == [] and not old.exists() and disk.get(key("intro")) is None
+    assert any("old_key_scheme" in r.getMessage() for r in warnings_of(caplog))
