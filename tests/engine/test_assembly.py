@@ -95,11 +95,17 @@ def test_too_long_argument_is_an_error_before_any_work(make_cache):
                        'currency="EUR"/></plan></prompt>')
 
 
-def test_sequence_budget_is_a_clear_error(make_cache):
+def test_sequence_budget_evicts_and_is_a_clear_error_when_one_prompt_needs_more(make_cache):
     members = "".join(f'<module name="m{i}">member {i}</module>' for i in range(6))
-    cache = make_cache(n_seq_max=5, parallel=1)  # 1 prompt slot, scratch and pin: 2 library sequences
+    cache = make_cache(n_seq_max=5, parallel=1, n_ctx=256)  # 1 prompt slot, scratch and pin: 2 library sequences
+    cache.load_schema(f'<schema name="u"><union>{members}</union></schema>')  # members take turns
+    assert cache.generate('<prompt schema="u"><m0/> and</prompt>', max_tokens=1).tiers == {"m0": "ram"}
+    # A folded schema's modules share positions: a prompt importing three needs three sequences at once.
+    modules = "".join(f"<module name=\"d{i}\">" + f"document {i} " * 8 + "</module>" for i in range(12))
+    cache.load_schema(f'<schema name="f">{modules}</schema>')
+    assert cache.layout("f").folded
     with pytest.raises(SequenceBudgetError, match="raise n_seq_max"):
-        cache.load_schema(f'<schema name="u"><union>{members}</union></schema>')
+        cache.generate('<prompt schema="f"><d0/><d1/><d2/> and</prompt>', max_tokens=1)
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(make_cache):
@@ -111,7 +117,7 @@ def test_prompt_longer_than_the_context_is_a_clear_error(make_cache):
 
 def test_schema_longer_than_the_context_is_a_clear_error(make_cache):
     cache = make_cache(n_ctx=128)
-    with pytest.raises(ContextOverflowError, match="schema 's' spans"):
+    with pytest.raises(ContextOverflowError, match="schema 's' has a module that ends at position"):
         cache.load_schema('<schema name="s"><module name="a">' + "word " * 300 + "</module></schema>")
 
 

@@ -83,7 +83,11 @@ def test_a_context_too_small_for_the_schema_keeps_the_preamble_while_encoding_th
     long = SCHEMA.replace(DOC_A, DOC_A * 4).replace(DOC_B, DOC_B * 4).replace(DOC_C, DOC_C * 4)
     small = make_cache(encoding="chain", store=False, n_ctx=256)
     small.load_schema(long)
-    assert small.resident_cells < small.inspect_schema(long).cached_cells  # something was evicted
+    # Another schema's encoding then needs cells: the least recent (the preamble first) leave, and
+    # the prompt below must bring the chain back (store=False: by encoding it again, after its neighbours).
+    filler = '<schema name="filler"><module name="f">' + DOC_A * 6 + "</module></schema>"
+    small.load_schema(filler)
+    assert small.resident_cells - small.layout("filler").cached_cells < small.inspect_schema(long).cached_cells
     logits = {}
     for name, cache in (("small", small), ("big", make_cache(encoding="chain", store=False)),
                         ("preamble", make_cache(store=False))):
