@@ -190,15 +190,18 @@ class PromptCache:
         """Drops a schema and frees its modules' cells."""
         with self._lock:
             self._loaded(name)
+            self._scheduler.drop_held()
             self.modules.evict(name)
             del self._schemas[name]
 
     def evict(self, schema: str | None = None) -> int:
-        """Frees the KV cells of encoded modules (of one schema when given); returns the cells freed.
+        """Frees the KV cells of encoded modules (of one schema when given); returns the library cells freed.
 
-        The modules stay in the RAM and disk tiers: the next prompt restores them instead of encoding.
+        The prompt streams idle slots keep for reuse are emptied too. The modules stay in the RAM
+        and disk tiers: the next prompt restores them instead of encoding.
         """
         with self._lock:
+            self._scheduler.drop_held()  # the free prompt slots' streams, kept for reuse
             return self.modules.evict(schema)
 
     def inspect_schema(self, pml: str) -> Layout:
@@ -403,6 +406,7 @@ class PromptCache:
         first. `prompts.logits()` then gives the last token's logits.
         """
         with self._lock:
+            self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
             self.prepare(plan, use_cache=use_cache)
             if plan.selected_tokens and use_cache:
                 self._ensure_blender()

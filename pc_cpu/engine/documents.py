@@ -182,6 +182,23 @@ class DocumentWork:
         pieces, self._pieces = self._pieces, None  # the bytes are not needed once restored
         return self.encoder.prefill(self.prompt, pieces, slot)
 
+    def head(self) -> tuple[tuple, int] | None:
+        if not self.use_cache:
+            return None
+        prompt, encoder = self.prompt, self.encoder
+        pieces = ((encoder.preamble_key(prompt.preamble), 0),) + tuple(
+            (encoder.document_key(prompt.preamble, doc.id, doc.tokens), doc.start) for doc in prompt.documents)
+        return pieces, prompt.tail_start
+
+    def held_tiers(self) -> dict[str, str]:
+        return {PREAMBLE: "context", **{doc.id: "context" for doc in self.prompt.documents}}
+
+    def prefill_tail(self, slot: int) -> int:
+        prompts, prompt = self.encoder.prompts, self.prompt
+        prompts.seq_rm(slot, prompt.tail_start, -1)
+        prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), slot)
+        return prompt.end
+
     def counts(self) -> tuple[int, int, list[str]]:
         ids = [doc.id for doc in self.prompt.documents]
         if self.use_cache:

@@ -65,6 +65,21 @@ class PromptWork(Protocol):
     def counts(self) -> tuple[int, int, list[str]]:
         """Returns (cached tokens, computed tokens, modules or documents used) for the Result."""
 
+    def head(self) -> tuple[tuple, int] | None:
+        """Returns what the prompt's restored cells are (a hashable signature) and where they end, or None.
+
+        Two prompts with one signature restore the same bytes at the same positions, so a
+        stream still holding the first's can serve the second by computing only its tail
+        (`prefill_tail`): exactly the cells a fresh restore gives. None: nothing to reuse
+        (the baseline, or cells computed in the library, whose bits depend on its history).
+        """
+
+    def prefill_tail(self, slot: int) -> int:
+        """Computes the prompt's tail in stream `slot`, which holds its head already; returns where generation continues."""
+
+    def held_tiers(self) -> dict[str, str]:
+        """Returns Result.tiers when the head was found in the prompt's stream: every encoding from the context."""
+
 
 @dataclass
 class SchemaPrompt:
@@ -92,6 +107,23 @@ class SchemaPrompt:
     def prefill(self, slot: int) -> int:
         return prefill_slot(self.ctx, self.modules, self.layout, self.plan, slot, use_cache=self.use_cache,
                             prompts=self.prompts, blender=self.blender())
+
+    def head(self) -> tuple[tuple, int] | None:
+        staged, _ = split_tail(self.plan)
+        if not self.use_cache or not staged.ops or not all(isinstance(op, CopyCells) for op in staged.ops):
+            return None
+        return tuple((self.modules.key_of(self.layout, op.encoding), op.start, op.encoded_at, len(op.tokens))
+                     for op in staged.ops), staged.end
+
+    def held_tiers(self) -> dict[str, str]:
+        return dict.fromkeys(sorted(self.plan.encodings), "context")
+
+    def prefill_tail(self, slot: int) -> int:
+        staged, tail = split_tail(self.plan)
+        self.prompts.seq_rm(slot, staged.end, -1)
+        for i, op in enumerate(tail):
+            decode_at(self.prompts, slot, op, want_logits=i == len(tail) - 1)
+        return self.plan.end
 
     def counts(self) -> tuple[int, int, list[str]]:
         plan = self.plan
@@ -156,6 +188,7 @@ class Request:
     cap: int = 0  # most tokens this request may generate
     ttft_ms: float = 0.0
     tiers: dict[str, str] = field(default_factory=dict)
+    head: tuple[tuple, int] | None = None  # PromptWork.head: what its stream holds once prefilled
 
     def emit(self, text: str) -> None:
         if text:
@@ -205,6 +238,8 @@ class Scheduler:
         self.prompts = prompts  # one stream per slot: where prompts are finished and generated
         self.modules = modules
         self._free = list(reversed(slots))  # pop() hands out the lowest slot first
+        # What each free slot's stream still holds from its last prompt (PromptWork.head), for reuse.
+        self._held: dict[int, tuple[tuple, int]] = {}
         self._lock = lock  # the PromptCache's: schema loading waits between steps
         self._wake = threading.Condition()
         self._pending: deque[Request] = deque()
@@ -302,13 +337,23 @@ class Scheduler:
             raise ContextOverflowError(
                 f"prompt needs {end} positions and a prompt slot holds {prompts.n_ctx}: raise n_ctx or shorten "
                 "the prompt")
-        request.tiers = job.work.prepare()
-        request.slot = self._free.pop()
+        head = job.work.head()
+        reuse = next((slot for slot in self._free if head is not None and self._held.get(slot) == head), None)
+        if reuse is not None:  # the stream already holds this head: no restore, no library work
+            request.tiers = job.work.held_tiers()
+            self._free.remove(reuse)
+            request.slot = reuse
+        else:
+            request.tiers = job.work.prepare()
+            request.slot = self._pick_free_slot()
+        self._held.pop(request.slot, None)
+        request.head = head
         request.cap = cap
         request.sampler = Sampler(job.sampling)
         request.decoder = TextDecoder(prompts.model, job.stop)
         self._active.append(request)
-        request.next_pos = job.work.prefill(request.slot)
+        request.next_pos = (job.work.prefill_tail(request.slot) if reuse is not None
+                            else job.work.prefill(request.slot))
         token = request.sampler.sample(prompts.handle, -1)
         request.ttft_ms = (time.perf_counter() - job.t0) * 1000
         self._accept(request, token)
@@ -343,7 +388,7 @@ class Scheduler:
 
     def _finish(self, request: Request, reason: str) -> None:
         request.emit(request.decoder.flush())
-        self._release(request)
+        self._release(request, keep_head=reason != "cancelled")
         job = request.job
         total = (time.perf_counter() - job.t0) * 1000
         cached, uncached, modules = job.work.counts()
@@ -359,13 +404,36 @@ class Scheduler:
             error = EngineError(f"generation failed: {error}")
         request.events.put(Failed(error))
 
-    def _release(self, request: Request) -> None:
-        """Frees the request's slot, its stream's cells and its sampler (the library keeps the module cells)."""
+    def drop_held(self) -> int:
+        """Empties the streams that free slots keep for reuse; returns their cells. Call with the PromptCache's lock."""
+        cells = 0
+        for slot, (_, end) in list(self._held.items()):
+            self.prompts.seq_rm(slot)
+            cells += end
+        self._held.clear()
+        return cells
+
+    def _pick_free_slot(self) -> int:
+        """Returns a free slot, preferring one whose stream holds nothing worth keeping (then the lowest)."""
+        empty = [slot for slot in self._free if slot not in self._held]
+        slot = min(empty) if empty else min(self._free)
+        self._free.remove(slot)
+        return slot
+
+    def _release(self, request: Request, *, keep_head: bool = False) -> None:
+        """Frees the request's slot and sampler; the stream keeps the prompt's head when `keep_head` (for reuse).
+
+        The library keeps the module cells either way.
+        """
         if request in self._active:
             self._active.remove(request)
         if request.slot >= 0:
             try:
-                self.prompts.seq_rm(request.slot)
+                if keep_head and request.head is not None:
+                    self._held[request.slot] = request.head  # the next prompt's prefill_tail drops the rest
+                else:
+                    self._held.pop(request.slot, None)
+                    self.prompts.seq_rm(request.slot)
                 self.ctx.seq_rm(request.slot)  # staging: empty unless assembly failed half-way
             finally:
                 self._free.append(request.slot)

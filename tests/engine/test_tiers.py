@@ -47,7 +47,8 @@ def test_evicted_modules_come_back_from_ram_with_the_same_answers(make_cache, st
     roomy.load_schema(SCHEMA)
     expected = answers(roomy)
     cells = roomy.layout("t").modules["a"].n_tokens
-    tight = make_cache(store=False, n_ctx=2 * cells + 40)  # room for one document at a time
+    # One prompt slot: its stream keeps only the last prompt's cells for reuse (the one before "a" is "c").
+    tight = make_cache(store=False, n_ctx=2 * cells + 40, parallel=1)  # room for one document at a time
     tight.load_schema(SCHEMA)
     assert tight.resident_cells < roomy.resident_cells  # the schema does not fit: some were evicted
     assert answers(tight) == expected

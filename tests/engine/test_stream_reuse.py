@@ -1,0 +1,67 @@
+"""A prompt whose restored cells a free slot's stream still holds computes only its own tail, with the same answer."""
+
+from __future__ import annotations
+
+from pc_cpu.engine import scheduler as scheduler_module
+from pc_cpu.engine.documents import DocumentWork
+
+SCHEMA = ('<schema name="lib"><system>Answer from the notes.</system><user>'
+          '<module name="a">The red key opens the garden shed behind the house.</module>'
+          '<module name="b">The blue key opens the attic above the kitchen.</module></user></schema>')
+
+
+def prompt(question: str) -> str:
+    return f'<prompt schema="lib"><a/><b/><user>{question}</user></prompt>'
+
+
+def count_calls(monkeypatch, cls, name):
+    calls = []
+    original = getattr(cls, name)
+
+    def spy(self, *args, **kwargs):
+        calls.append(name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+def test_the_same_modules_again_reuse_the_stream_and_answer_as_a_fresh_cache(make_cache, monkeypatch):
+    tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
+    cache = make_cache(store=False)
+    cache.load_schema(SCHEMA)
+    cache.generate(prompt("Which key opens the shed?"), max_tokens=8)
+    second = cache.generate(prompt("Which key opens the attic?"), max_tokens=12)
+    assert tails == ["prefill_tail"] and set(second.tiers.values()) == {"context"}
+    fresh = make_cache(store=False)
+    fresh.load_schema(SCHEMA)
+    alone = fresh.generate(prompt("Which key opens the attic?"), max_tokens=12)
+    assert second.token_ids == alone.token_ids
+    # Other modules, or the baseline: restored or computed afresh, never reused.
+    cache.generate(f'<prompt schema="lib"><b/><user>Which key?</user></prompt>', max_tokens=2)
+    cache.generate(prompt("Which key opens the attic?"), max_tokens=2, use_cache=False)
+    assert tails == ["prefill_tail"]
+
+
+def test_a_cancelled_prompt_leaves_nothing_to_reuse(make_cache, monkeypatch):
+    tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
+    cache = make_cache(store=False)
+    cache.load_schema(SCHEMA)
+    stream = cache.stream(prompt("Which key opens the shed?"), max_tokens=50)
+    next(iter(stream), None)
+    stream.close()
+    cache.generate(prompt("Which key opens the shed?"), max_tokens=2)
+    assert tails == []
+
+
+def test_the_same_documents_again_reuse_the_stream(make_cache, monkeypatch, tmp_path):
+    tails = count_calls(monkeypatch, DocumentWork, "prefill_tail")
+    cache = make_cache(store=tmp_path / "store")
+    if cache.model.info.n_swa:
+        return  # documents need relocation (tests/engine/test_documents.py)
+    ids = [cache.add_document("The red key opens the shed."), cache.add_document("The blue key opens the attic.")]
+    cache.ask("Which key opens the shed?", documents=ids, max_tokens=4)
+    second = cache.ask("Which key opens the attic?", documents=ids, max_tokens=10)
+    fresh = make_cache(store=tmp_path / "store")
+    alone = fresh.ask("Which key opens the attic?", documents=ids, max_tokens=10)
+    assert tails == ["prefill_tail"] and second.token_ids == alone.token_ids
