@@ -130,9 +130,14 @@ def batched_prefill_logits(cache, schema: str, prompt: str, splits: list[int]):
             cache encoded, and of the prompt's own text). Like the full prefill, tokens sit at
             positions 0..n-1, so before a module left out an index is its layout position.
     """
+    from pc_cpu.engine.streams import split_tail
+
     cache.load_schema(schema, encode=False)
-    tokens = list(cache.plan(prompt).tokens)
-    edges = sorted({0, *splits, len(tokens)})
+    plan = cache.plan(prompt)
+    tokens = list(plan.tokens)
+    # The prompt's own ops after the shared cells are computed a batch each, as the cached prompt computes them.
+    own = [plan.positions.index(op.start) for op in split_tail(plan)[1]]
+    edges = sorted({0, *splits, *own, len(tokens)})
     for lo, hi in zip(edges, edges[1:]):
         cache.ctx.decode(tokens[lo:hi], range(lo, hi), PROMPT_SEQ_ID, logits_last=hi == len(tokens))
     logits = cache.ctx.logits()

@@ -109,20 +109,23 @@ class SchemaPrompt:
                             prompts=self.prompts, blender=self.blender())
 
     def head(self) -> tuple[tuple, int] | None:
-        staged, _ = split_tail(self.plan)
+        # The shared cells, and the schema text computed after them in batches of their own (every
+        # op but the last, the prompt's own text): what any prompt with this signature computes alike.
+        staged, tail = split_tail(self.plan)
         if not self.use_cache or not staged.ops or not all(isinstance(op, CopyCells) for op in staged.ops):
             return None
-        return tuple((self.modules.key_of(self.layout, op.encoding), op.start, op.encoded_at, len(op.tokens))
-                     for op in staged.ops), staged.end
+        copies = tuple((self.modules.key_of(self.layout, op.encoding), op.start, op.encoded_at, len(op.tokens))
+                       for op in staged.ops)
+        computed = tuple((op.tokens, op.start) for op in tail[:-1])
+        return copies + computed, tail[-1].start if tail else staged.end
 
     def held_tiers(self) -> dict[str, str]:
         return dict.fromkeys(sorted(self.plan.encodings), "context")
 
     def prefill_tail(self, slot: int) -> int:
-        staged, tail = split_tail(self.plan)
-        self.prompts.seq_rm(slot, staged.end, -1)
-        for i, op in enumerate(tail):
-            decode_at(self.prompts, slot, op, want_logits=i == len(tail) - 1)
+        _, tail = split_tail(self.plan)
+        self.prompts.seq_rm(slot, tail[-1].start, -1)
+        decode_at(self.prompts, slot, tail[-1], want_logits=True)
         return self.plan.end
 
     def counts(self) -> tuple[int, int, list[str]]:

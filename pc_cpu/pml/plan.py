@@ -158,7 +158,10 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
                                   if name == top or top in layout.ancestors(name))
     end = ops[-1].end if ops else 0
     if text:
-        _append(ops, DecodeTokens(end, tuple(text), "prompt text"))
+        # An op of its own, never merged with schema text before it: everything before the prompt's
+        # own text is then computed the same way by every prompt that shares it, so a prompt stream
+        # that holds it can be reused (pc_cpu.engine.scheduler, PromptWork.head).
+        ops.append(DecodeTokens(end, tuple(text), "prompt text"))
     ops = _ensure_last_is_decoded(ops)
     return Plan(layout.schema, tuple(ops), modules, recompute.select, recompute.select_by_module)
 

@@ -99,7 +99,7 @@ def test_sequence_budget_evicts_and_is_a_clear_error_when_one_prompt_needs_more(
     members = "".join(f'<module name="m{i}">member {i}</module>' for i in range(6))
     cache = make_cache(n_seq_max=5, parallel=1, n_ctx=256)  # 1 prompt slot, scratch and pin: 2 library sequences
     cache.load_schema(f'<schema name="u"><union>{members}</union></schema>')  # members take turns
-    assert cache.generate('<prompt schema="u"><m0/> and</prompt>', max_tokens=1).tiers == {"m0": "ram"}
+    assert cache.generate('<prompt schema="u"><m0/> and</prompt>', max_tokens=1).tiers["m0"] == "ram"
     # A folded schema's modules share positions: a prompt importing three needs three sequences at once.
     modules = "".join(f"<module name=\"d{i}\">" + f"document {i} " * 8 + "</module>" for i in range(12))
     cache.load_schema(f'<schema name="f">{modules}</schema>')

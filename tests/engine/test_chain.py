@@ -22,12 +22,15 @@ def prompt(imports: str) -> str:
 
 
 def test_two_chained_modules_give_the_full_prefill_logits(make_cache):
-    # a is computed after the preamble, b after the preamble and a's cells: both exactly as in a full prefill.
+    # a is computed after the preamble, b after the preamble and a's cells: both exactly as in a full
+    # prefill. The modules sit outside the user turn, so no schema text follows them: the prompt's own
+    # text comes right after b and the prompt's positions have no gap, as in the full prefill.
+    schema = SCHEMA.replace("<user>", "").replace("</user>", "")
     chain = make_cache(encoding="chain")
-    cached = prefill_logits(chain, SCHEMA, prompt("<a/><b/>"), use_cache=True)
+    cached = prefill_logits(chain, schema, prompt("<a/><b/>"), use_cache=True)
     a, b = chain.layout("s").modules["a"], chain.layout("s").modules["b"]
-    baseline = batched_prefill_logits(make_cache(), SCHEMA, prompt("<a/><b/>"), [a.start, b.start, b.end])
-    preamble = prefill_logits(make_cache(), SCHEMA, prompt("<a/><b/>"), use_cache=True)
+    baseline = batched_prefill_logits(make_cache(), schema, prompt("<a/><b/>"), [a.start, b.start, b.end])
+    preamble = prefill_logits(make_cache(), schema, prompt("<a/><b/>"), use_cache=True)
 
     assert np.abs(cached - baseline).max() == 0.0
     assert np.abs(preamble - baseline).max() > 0.0  # b alone never saw a

@@ -80,7 +80,9 @@ def test_tail_tokens_are_decoded_in_place_and_the_rest_is_shared(tok):
 
 def test_all_turns_every_module_token_into_one_decode_when_nothing_has_gaps(tok):
     plan = plan_of(layout_of(SCHEMA, tok), PROMPT, tok, recompute=parse_policy("all"))
-    assert [type(op) for op in plan.ops] == [CopyCells, DecodeTokens]  # the cached preamble, then one decode
+    # The cached preamble, then every module token in one decode, then the prompt's own text.
+    assert [type(op) for op in plan.ops] == [CopyCells, DecodeTokens, DecodeTokens]
+    assert plan.ops[2].what == "prompt text"
     assert plan.ops[0].module == "#root"
 
 
