@@ -158,10 +158,8 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
                                   if name == top or top in layout.ancestors(name))
     end = ops[-1].end if ops else 0
     if text:
-        # An op of its own, never merged with schema text before it: everything before the prompt's
-        # own text is then computed the same way by every prompt that shares it, so a prompt stream
-        # that holds it can be reused (pc_cpu.engine.scheduler, PromptWork.head).
-        ops.append(DecodeTokens(end, tuple(text), "prompt text"))
+        _append_prompt_text(ops, DecodeTokens(end, tuple(text), "prompt text"),
+                            _leading_markup(layout, prompt, tokenizer, markup))
     ops = _ensure_last_is_decoded(ops)
     return Plan(layout.schema, tuple(ops), modules, recompute.select, recompute.select_by_module)
 
@@ -400,6 +398,35 @@ def _append(ops: list[Op], op: Op) -> None:
             ops[-1] = DecodeTokens(last.start, last.tokens + op.tokens, last.what)
             return
     ops.append(op)
+
+
+def _append_prompt_text(ops: list[Op], text: DecodeTokens, markup: int) -> None:
+    """Appends the prompt's own text as decodes of their own: its first turn's role markup, then the rest.
+
+    Kept apart from the schema text before them (never merged), everything before the
+    prompt's own words is computed alike, in batches of its own, by every prompt that
+    shares it, so a prompt stream that holds it can be reused (pc_cpu.engine.scheduler,
+    PromptWork.head). Not after a gap: llama.cpp computes such text right after the last
+    cell and moves it (decode_at), and a move before the last decode would make llama.cpp
+    re-rotate the whole stream before the first token; there the text joins the schema text.
+    """
+    last = ops[-1] if ops else None
+    if isinstance(last, DecodeTokens) and (len(ops) < 2 or ops[-2].end != last.start):
+        _append(ops, text)  # after a gap: one decode, moved after its logits (decode_at)
+        return
+    if 0 < markup < len(text.tokens):
+        ops.append(DecodeTokens(text.start, text.tokens[:markup], "prompt markup"))
+        text = DecodeTokens(text.start + markup, text.tokens[markup:], text.what)
+    ops.append(text)
+
+
+def _leading_markup(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> int:
+    """Returns how many of the prompt text's first tokens are its first turn's role prefix (0 without roles)."""
+    chat = layout.uses_roles or prompt.uses_roles
+    if not chat or not prompt.turns:
+        return 0
+    role = prompt.turns[0].role or "user"
+    return len(tokenizer.tokenize(markup.prefix[role], special=True))
 
 
 def _free_text_tokens(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> list[int]:

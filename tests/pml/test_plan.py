@@ -15,6 +15,13 @@ from tests.pml.conftest import CHATML_MARKUP, TRIP, layout_of, plan_of, words
 CHAT = '<schema name="c"><system>Be brief.</system><module name="doc">Doc text</module></schema>'
 
 
+def prompt_part(tok: WordTokenizer, plan: Plan) -> tuple:
+    """Returns ("decode", start, words) of the prompt's own text: its first turn's role markup (a decode of
+    its own, so that kept prompt streams reuse it) joined with the rest."""
+    ops = plan.ops[-2:] if len(plan.ops) > 1 and getattr(plan.ops[-2], "what", "") == "prompt markup" else plan.ops[-1:]
+    return ("decode", ops[0].start, [w for op in ops for w in words(tok, op.tokens)])
+
+
 def steps(tok: WordTokenizer, plan: Plan) -> list[tuple]:
     """Returns each op as ("copy", module, start, words), ("copy", module, start, words, source) when the
     cells come from a scaffold's joint encoding, or ("decode", start, words)."""
@@ -97,7 +104,7 @@ def test_consecutive_pieces_of_one_module_are_one_copy():
                    '<prompt schema="s"><m/>Q</prompt>')
 
     assert [(type(op).__name__, op.start, op.end) for op in plan.ops] == [
-        ("CopyCells", 0, 1), ("CopyCells", 1, 5), ("DecodeTokens", 5, 10)]
+        ("CopyCells", 0, 1), ("CopyCells", 1, 5), ("DecodeTokens", 5, 7), ("DecodeTokens", 7, 10)]  # markup, text
 
 
 # --- arguments ----------------------------------------------------------------------------------
@@ -218,7 +225,7 @@ def test_plain_schema_text_has_no_markup(tok):
     plan = trip_plan('Just words', tok)
 
     assert steps(tok, plan) == [("copy", ROOT, 0, ["<bos>", "Trips", ":"]),
-                                ("decode", 13, ["Bye"]), ("decode", 14, ["Just", "words"])]
+                                ("decode", 13, ["Bye", "Just", "words"])]  # after a gap: one decode
 
 
 def test_generation_prompt_is_appended_for_a_chat_schema(tok):
@@ -227,28 +234,29 @@ def test_generation_prompt_is_appended_for_a_chat_schema(tok):
     assert steps(tok, plan) == [
         ("copy", ROOT, 0, ["<bos>", "<|im_start|>", "system", "Be", "brief", ".", "<|im_end|>"]),
         ("copy", "doc", 7, ["Doc", "text"]),
-        ("decode", 9, ["<|im_start|>", "user", "Q", "?", "<|im_end|>", "<|im_start|>", "assistant"]),
+        ("decode", 9, ["<|im_start|>", "user"]),  # the turn's markup, a decode of its own (stream reuse)
+        ("decode", 11, ["Q", "?", "<|im_end|>", "<|im_start|>", "assistant"]),
     ]
 
 
 def test_bare_text_in_a_chat_schema_is_a_user_turn(tok):
     plan = plan_of(CHAT, '<prompt schema="c"><doc/>Q?</prompt>', CHATML_MARKUP, tokenizer=tok)
 
-    assert steps(tok, plan)[-1] == ("decode", 9, ["<|im_start|>", "user", "Q", "?", "<|im_end|>",
+    assert prompt_part(tok, plan) == ("decode", 9, ["<|im_start|>", "user", "Q", "?", "<|im_end|>",
                                                   "<|im_start|>", "assistant"])
 
 
 def test_role_tags_in_a_prompt_make_a_plain_schema_chat(tok):
     plan = trip_plan('<user>Hi</user>', tok)
 
-    assert steps(tok, plan)[-1] == ("decode", 14, ["User", ":", "Hi", "Assistant", ":"])
+    assert steps(tok, plan)[-1] == ("decode", 13, ["Bye", "User", ":", "Hi", "Assistant", ":"])  # after a gap
 
 
 def test_open_assistant_turn_is_continued_without_a_generation_prompt(tok):
     plan = plan_of(CHAT, '<prompt schema="c"><doc/><user>Q?</user><assistant>Sure,</assistant></prompt>',
                    CHATML_MARKUP, tokenizer=tok)
 
-    assert steps(tok, plan)[-1] == ("decode", 9, ["<|im_start|>", "user", "Q", "?", "<|im_end|>",
+    assert prompt_part(tok, plan) == ("decode", 9, ["<|im_start|>", "user", "Q", "?", "<|im_end|>",
                                                   "<|im_start|>", "assistant", "Sure", ","])
 
 
@@ -256,7 +264,7 @@ def test_assistant_turn_before_a_user_turn_is_closed(tok):
     plan = plan_of(CHAT, '<prompt schema="c"><doc/><assistant>A</assistant><user>Q</user></prompt>',
                    CHATML_MARKUP, tokenizer=tok)
 
-    assert steps(tok, plan)[-1] == ("decode", 9, [
+    assert prompt_part(tok, plan) == ("decode", 9, [
         "<|im_start|>", "assistant", "A", "<|im_end|>", "<|im_start|>", "user", "Q", "<|im_end|>",
         "<|im_start|>", "assistant"])
 
@@ -264,14 +272,14 @@ def test_assistant_turn_before_a_user_turn_is_closed(tok):
 def test_chat_prompt_with_only_imports_asks_for_the_answer(tok):
     plan = plan_of(CHAT, '<prompt schema="c"><doc/></prompt>', CHATML_MARKUP, tokenizer=tok)
 
-    assert steps(tok, plan)[-1] == ("decode", 9, ["<|im_start|>", "assistant"])
+    assert prompt_part(tok, plan) == ("decode", 9, ["<|im_start|>", "assistant"])
 
 
 def test_space_between_role_tags_adds_no_turn(tok):
     plan = plan_of(CHAT, '<prompt schema="c"><doc/><user>Hi</user> <assistant>Yo</assistant></prompt>',
                    CHATML_MARKUP, tokenizer=tok)
 
-    assert steps(tok, plan)[-1] == ("decode", 9, ["<|im_start|>", "user", "Hi", "<|im_end|>",
+    assert prompt_part(tok, plan) == ("decode", 9, ["<|im_start|>", "user", "Hi", "<|im_end|>",
                                                   "<|im_start|>", "assistant", "Yo"])
 
 
