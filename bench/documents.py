@@ -1,7 +1,7 @@
 """Documents: the RAG workload, the cost of adding one, TTFT as the library grows, relocation's speed and its cost to answers.
 
     python bench/documents.py rag --docs 500 --prompts 100 [--model NAME] [--threads 2]
-    python bench/documents.py relocation --n 200 [--model NAME]
+    python bench/documents.py relocation --n 200 [--model NAME] [--timing-only | --no-timing]
 
 `rag`: the gold passages of `--docs` NaturalQuestions questions are added as documents
 (about 9x the 8K context on SmolLM2). The time to add each is recorded (and compared with
@@ -22,6 +22,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import load_nq
+from pc_cpu.benchmarks.intervals import paired_difference
 from pc_cpu.benchmarks.scoring import normalize_answer
 from pc_cpu.engine.documents import DocumentWork
 from pc_cpu.engine.encoder import apply_pending_shifts
@@ -57,7 +59,7 @@ def rag(args) -> dict:
     chosen = rng.sample(range(len(questions)), args.docs)
     store = tempfile.mkdtemp(prefix="pc_cpu_docs_")
     out: dict = {"model": args.model, "docs": args.docs, "prompts": args.prompts, "threads": args.threads}
-    with PromptCache(args.model, threads=args.threads, store=store, ram_bytes=8 << 30) as pc:
+    with PromptCache(args.model, threads=args.threads, store=store, ram_bytes=8 << 30, flash_attn=True) as pc:
         preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
         pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
         ids, add_ms, add_tokens = [], [], []
@@ -75,7 +77,6 @@ def rag(args) -> dict:
                 print(json.dumps({"library": len(ids), **{k: v for k, v in by_size[len(ids)].items()
                                                           if not isinstance(v, list)}}), flush=True)
         # A prefill of one document's tokens after the preamble, to compare adding one with.
-        tail = list(range(-20, 0))
         prefill_ms = []
         for q in chosen[-20:]:
             tokens = list(preamble) + list(document_tokens(passage_text(questions[q].gold), pc.model))
@@ -88,19 +89,42 @@ def rag(args) -> dict:
         library_tokens = sum(add_tokens)
         out.update({
             "library_tokens": library_tokens, "n_ctx": pc.ctx.n_ctx,
-            "add_ms_last20_median": statistics.median(add_ms[tail[0]:]),
+            "add_ms_last20_median": statistics.median(add_ms[-20:]),
             "prefill_doc_ms_median": statistics.median(prefill_ms),
-            "add_vs_prefill": statistics.median(add_ms[tail[0]:]) / statistics.median(prefill_ms),
+            "add_vs_prefill": statistics.median(add_ms[-20:]) / statistics.median(prefill_ms),
             "ram_bytes": ram.bytes_used, "disk_bytes": disk.bytes_used, "resident_cells": pc.resident_cells,
             "by_library_size": by_size,
         })
+        model_path, n_ctx = str(pc.model.path), pc.ctx.n_ctx
+    out["peers"] = llama_peers(model_path, n_ctx, args.threads, by_size[args.docs].pop("token_lists"))
     return out
+
+
+def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]]) -> dict:
+    """Returns TTFT p50/p95 of the same prompts through llama-cpp-python's Llama, plain and with LlamaRAMCache."""
+    import llama_cpp
+
+    result = {}
+    for name in ("Llama", "Llama + LlamaRAMCache"):
+        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+                              verbose=False)
+        if "RAMCache" in name:
+            llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=8 << 30))
+        llm.create_completion(prompt=token_lists[0], max_tokens=1)  # warm-up, untimed
+        times = []
+        for tokens in token_lists:
+            t0 = time.perf_counter()
+            llm.create_completion(prompt=tokens, max_tokens=1, temperature=0.0)
+            times.append((time.perf_counter() - t0) * 1000)
+        llm.close()
+        result[name] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95)}
+    return result
 
 
 def run_prompts(pc, questions, library, ids, args, *, full: bool) -> dict:
     rng = random.Random(len(library))
     n = args.prompts if full else min(args.prompts, 20)
-    cached_ms, baseline_ms, tail_ms, hits_c, hits_b, same = [], [], [], 0, 0, 0
+    cached_ms, baseline_ms, tail_ms, hits_c, hits_b, same, token_lists = [], [], [], 0, 0, 0, []
     for k in range(n):
         gold = rng.randrange(len(library))
         others = rng.sample([i for i in range(len(library)) if i != gold], 4)
@@ -117,6 +141,7 @@ def run_prompts(pc, questions, library, ids, args, *, full: bool) -> dict:
             hits_b += correct(baseline.text, q.answers)
             same += cached.token_ids == baseline.token_ids
             tail_ms.append(uncached_only_ms(pc, q.question, docs))
+            token_lists.append(list(_prompt(pc, q.question, docs).tokens))
     result = {"cached_p50_ms": pct(cached_ms, 50), "cached_p95_ms": pct(cached_ms, 95), "n": n}
     if full:
         result.update({
@@ -124,6 +149,7 @@ def run_prompts(pc, questions, library, ids, args, *, full: bool) -> dict:
             "speedup_p50": pct(baseline_ms, 50) / pct(cached_ms, 50),
             "uncached_only_p50_ms": pct(tail_ms, 50), "cached_vs_uncached_only": pct(cached_ms, 50) / pct(tail_ms, 50),
             "accuracy_cached": hits_c / n, "accuracy_full": hits_b / n, "identical_answers": same / n,
+            "token_lists": token_lists,
         })
     return result
 
@@ -131,6 +157,7 @@ def run_prompts(pc, questions, library, ids, args, *, full: bool) -> dict:
 def uncached_only_ms(pc, question, docs) -> float:
     """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
     prompt = _prompt(pc, question, docs)
+    pc._scheduler.drop_held()  # stream 0 is used by hand below
     work = DocumentWork(prompt, pc._documents, True)
     work.prepare()
     pieces = work._pieces
@@ -163,14 +190,18 @@ def relocation(args) -> dict:
         impl = native if native.available() else state_blob
         c_ms, seq_add_ms, mbytes = [], [], []
         moved_hits = placed_hits = full_hits = 0
+        moved, placed, full = [], [], []
         moved_same_full = moved_same_placed = 0
         for k in range(args.n):
+            if k and k % 20 == 0:
+                print(f"{k}/{args.n}", file=sys.stderr, flush=True)
             gold = picks[k]
             others = rng.sample([q for q in picks if q != gold], 4)
             order = others + [gold]
             rng.shuffle(order)
             q = questions[gold]
             prompt = _prompt(pc, q.question, [ids[i] for i in order])
+            pc._scheduler.drop_held()  # streams 0 and the workspace are used by hand below
             work = DocumentWork(prompt, pc._documents, True)
             work.prepare()
             pieces = work._pieces
@@ -180,30 +211,46 @@ def relocation(args) -> dict:
             pc.prompts.state_set(0, state_blob.restream(impl.splice(moved), pc.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)
             mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
-            moved_answer = greedy(pc, prompt)
+            if args.timing_only:
+                pc.prompts.seq_rm(0)
+            else:
+                moved_answer = greedy(pc, prompt)
             # seq_add path: each document restored into the library's scratch, moved by llama.cpp, shared
             # into staging; the K-shift applied; the staging cells read out in order into the stream.
             t0 = time.perf_counter()
             seq_add_assemble(pc, pieces)
             seq_add_ms.append((time.perf_counter() - t0) * 1000)
             pc.prompts.seq_rm(0)
+            if args.timing_only:
+                continue
             placed_answer = greedy(pc, prompt, blobs=placed_blobs(pc, prompt))
             full_answer = pc.ask(q.question, documents=[ids[i] for i in order], system=SYSTEM, max_tokens=24,
                                  use_cache=False)
-            moved_hits += correct(pc.model.detokenize(moved_answer), q.answers)
-            placed_hits += correct(pc.model.detokenize(placed_answer), q.answers)
-            full_hits += correct(full_answer.text, q.answers)
+            moved.append(correct(pc.model.detokenize(moved_answer), q.answers))
+            placed.append(correct(pc.model.detokenize(placed_answer), q.answers))
+            full.append(correct(full_answer.text, q.answers))
+            moved_hits, placed_hits, full_hits = sum(moved), sum(placed), sum(full)
             moved_same_full += moved_answer == full_answer.token_ids
             moved_same_placed += moved_answer == placed_answer
         n = args.n
-        out.update({
-            "c_path_ms_median": statistics.median(c_ms), "seq_add_path_ms_median": statistics.median(seq_add_ms),
+        out.update({"c_path_ms_median": statistics.median(c_ms), "seq_add_path_ms_median": statistics.median(seq_add_ms),
             "c_path_MB_per_s": statistics.median(m / (t / 1000) for m, t in zip(mbytes, c_ms)),
             "seq_add_MB_per_s": statistics.median(m / (t / 1000) for m, t in zip(mbytes, seq_add_ms)),
-            "prompt_MB_median": statistics.median(mbytes),
-            "accuracy_moved": moved_hits / n, "accuracy_at_position": placed_hits / n, "accuracy_full": full_hits / n,
-            "moved_equals_at_position": moved_same_placed / n, "moved_equals_full": moved_same_full / n,
-        })
+            "prompt_MB_median": statistics.median(mbytes)})
+        if not args.timing_only:
+            out.update({"accuracy_moved": moved_hits / n, "accuracy_at_position": placed_hits / n,
+                        "accuracy_full": full_hits / n, "moved_equals_at_position": moved_same_placed / n,
+                        "moved_equals_full": moved_same_full / n, "paired": paired(moved, placed, full)})
+    return out
+
+
+def paired(moved, placed, full) -> dict:
+    """Returns the paired accuracy differences (points) with their 95% bootstrap intervals."""
+    out = {}
+    for name, (a, b) in {"moved_minus_at_position": (moved, placed), "moved_minus_full": (moved, full),
+                         "at_position_minus_full": (placed, full)}.items():
+        interval = paired_difference([float(x) for x in a], [float(x) for x in b])
+        out[name] = {"points": 100 * interval.estimate, "low": 100 * interval.low, "high": 100 * interval.high}
     return out
 
 
@@ -267,6 +314,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=500)
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--timing-only", action="store_true", help="relocation: speed only (run on a quiet machine)")
     args = parser.parse_args()
     result = rag(args) if args.what == "rag" else relocation(args)
     print(json.dumps(result, indent=1))

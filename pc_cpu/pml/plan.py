@@ -160,7 +160,7 @@ def build_plan(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: Rol
     if text:
         _append_prompt_text(ops, DecodeTokens(end, tuple(text), "prompt text"),
                             _leading_markup(layout, prompt, tokenizer, markup))
-    ops = _ensure_last_is_decoded(ops)
+    ops = _close_gaps_after_shared_cells(_ensure_last_is_decoded(ops))
     return Plan(layout.schema, tuple(ops), modules, recompute.select, recompute.select_by_module)
 
 
@@ -406,18 +406,36 @@ def _append_prompt_text(ops: list[Op], text: DecodeTokens, markup: int) -> None:
     Kept apart from the schema text before them (never merged), everything before the
     prompt's own words is computed alike, in batches of its own, by every prompt that
     shares it, so a prompt stream that holds it can be reused (pc_cpu.engine.scheduler,
-    PromptWork.head). Not after a gap: llama.cpp computes such text right after the last
-    cell and moves it (decode_at), and a move before the last decode would make llama.cpp
-    re-rotate the whole stream before the first token; there the text joins the schema text.
+    PromptWork.head).
     """
-    last = ops[-1] if ops else None
-    if isinstance(last, DecodeTokens) and (len(ops) < 2 or ops[-2].end != last.start):
-        _append(ops, text)  # after a gap: one decode, moved after its logits (decode_at)
-        return
     if 0 < markup < len(text.tokens):
         ops.append(DecodeTokens(text.start, text.tokens[:markup], "prompt markup"))
         text = DecodeTokens(text.start + markup, text.tokens[markup:], text.what)
     ops.append(text)
+
+
+def _close_gaps_after_shared_cells(ops: list[Op]) -> list[Op]:
+    """Returns ops whose schema and prompt text after the last shared cells follow the cells before them, with no gap.
+
+    Text a prompt computes after its last imported module (schema text such as a turn's
+    closing markup, and its own text) has no cells to line up with, so it goes right after
+    that module rather than after the positions of modules the prompt left out. llama.cpp
+    could only compute it there and move it (seq_add), and a move makes it re-rotate K over
+    the whole prompt stream at the next decode. Module tokens (arguments, a recomputed last
+    token) keep their positions.
+    """
+    last_copy = max((i for i, op in enumerate(ops) if isinstance(op, CopyCells)), default=-1)
+    out = list(ops[:last_copy + 1])
+    position = out[-1].end if out else 0
+    for op in ops[last_copy + 1:]:
+        if op.what in _FREE_TEXT and op.start != position:
+            op = replace(op, start=position)
+        out.append(op)
+        position = op.end
+    return out
+
+
+_FREE_TEXT = ("schema text after a module", "prompt markup", "prompt text")
 
 
 def _leading_markup(layout: Layout, prompt: Prompt, tokenizer: Tokenizer, markup: RoleMarkup) -> int:
