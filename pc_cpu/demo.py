@@ -66,3 +66,21 @@ def demo_schema() -> str:
 def demo_prompt(doc: str, question: str, tone: str = "friendly") -> str:
     """Returns a demo prompt importing one document and asking `question`."""
     return f'<prompt schema="demo"><style tone="{tone}"/><{doc}/><user>{question}</user></prompt>'
+
+
+LONG_QUESTION = "On which day did the ferry carry the most passengers, and how many?"
+_WINDS = ("north", "north-east", "east", "south-east", "south", "south-west", "west", "north-west")
+
+
+def long_document(days: int = 120) -> str:
+    """Returns a long invented document (~4,000 tokens on SmolLM2): the three demo documents and a ferry log.
+
+    The log's busiest day is day 77 (912 passengers); every other day carries fewer than 400.
+    """
+    log = []
+    for day in range(1, days + 1):
+        passengers = 912 if day == 77 else 120 + (day * 37) % 270
+        wind = _WINDS[(day * 5) % len(_WINDS)]
+        log.append(f"Day {day}: the Skerra ferry carried {passengers} passengers; the wind was "
+                   f"{8 + (day * 7) % 25} knots from the {wind}.")
+    return "\n\n".join(DOCS.values()) + "\n\nFerry log of the summer season.\n" + "\n".join(log)

@@ -380,3 +380,18 @@ def test_store_ls_names_documents_and_rm_removes_one_document_only(tiny_model_pa
     assert code == 0 and out.startswith(f"removed document {trains} (trains.txt)")
     code, out, _ = run_main(ask_args(tiny_model_path, store, *doc_files) + ["--json"], capsys)
     assert code == 0 and json.loads(out)["tiers"] == {"#preamble": "disk", boats: "encoded", trains: "encoded"}
+
+
+def test_demo_shows_a_long_document_beside_the_short_ones(capsys, tmp_path, monkeypatch):
+    from pc_cpu.demo import LONG_QUESTION
+    from tests.conftest import smollm2_path
+
+    model = str(smollm2_path())  # the demo's default model: the long document needs its 8K context
+    monkeypatch.setenv("PC_CPU_STORE_DIR", str(tmp_path / "store"))
+    code, out, _ = run_main(["demo", "--model", model, "--threads", "2", "--json"], capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(rows) == 4
+    long = rows[-1]
+    assert long["question"] == LONG_QUESTION
+    assert long["cached"]["cached_tokens"] > 4000 and long["baseline"]["cached_tokens"] == 0
+    assert long["cached"]["token_ids"] and long["baseline"]["token_ids"]  # both answered (speed: bench/RESULTS.md)

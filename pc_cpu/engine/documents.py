@@ -145,7 +145,8 @@ class DocumentEncoder:
         """
         joined = splice_blobs([relocate_blob(piece.blob, piece.delta, self.rope) for piece in pieces])
         self.prompts.seq_rm(slot)
-        self.prompts.state_set(slot, state_blob.restream(joined, self.prompts.n_stream))
+        blob = bytearray(joined) if not isinstance(joined, bytearray) else joined  # one piece: not the stored bytes
+        self.prompts.state_set(slot, state_blob.restream_in_place(blob, self.prompts.n_stream))
         start = prompt.tail_start
         self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
         return prompt.end

@@ -657,6 +657,25 @@ def restream(blob: BlobLike, n_stream: int) -> bytearray:
     return out
 
 
+def restream_in_place(blob: bytearray, n_stream: int) -> bytearray:
+    """Returns `blob` rewritten for `n_stream` streams, in place when it can be (one cache, one stream).
+
+    The hot path of assembling a prompt from moved blobs (pc_cpu.engine.documents): the
+    spliced blob is a fresh bytearray of one stream, and its cells come first, so only its
+    stream count changes and empty streams are appended; copying 10+ MB again is avoided.
+    Anything else is `restream`.
+    """
+    info = scan(blob)  # keeps no view of the buffer, which must stay resizable
+    if not isinstance(blob, bytearray) or info.n_section != 1 or info.n_stream != 1 or not 1 <= n_stream <= MAX_STREAM:
+        return restream(blob, n_stream)
+    struct.pack_into("<I", blob, _STREAM_COUNT_OFFSET, n_stream)  # the cells follow; nothing after them
+    blob += bytes(4 * (n_stream - 1))  # the other streams: no cells
+    return blob
+
+
+_STREAM_COUNT_OFFSET = 8  # after the magic and the sequence id: the first cache's stream count
+
+
 # --- relocate --------------------------------------------------------------------------------
 
 def _rope_error(rope: RopeParams) -> str | None:

@@ -42,3 +42,14 @@ def test_restream_moves_the_cells_into_a_context_of_more_streams_unchanged():
     assert info.n_stream == 4 and info.n_section == 2 and info.n_cell == 3
     assert kv_by_position(wide) == kv_by_position(blob)
     assert bytes(state_blob.restream(wide, 1)) == bytes(blob)  # and back, byte for byte
+
+
+@pytest.mark.parametrize("n_section", [1, 2])
+def test_restream_in_place_gives_restreams_bytes(n_section):
+    blob = make_blob(BlobSpec(positions=(5, 6, 7), n_section=n_section))
+    expected = bytes(state_blob.restream(blob, 5))
+    buf = bytearray(blob)
+    out = state_blob.restream_in_place(buf, 5)
+    assert bytes(out) == expected
+    assert (out is buf) == (n_section == 1)  # one cache: no copy; two: restream's copy
+    assert bytes(state_blob.restream_in_place(bytearray(blob), 1)) == bytes(blob)
