@@ -207,8 +207,9 @@ def relocation(args) -> dict:
             pieces = work._pieces
             # C path: relocate + splice + one state_set.
             t0 = time.perf_counter()
-            moved = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.rope) for p in pieces]
-            pc.prompts.state_set(0, state_blob.restream(impl.splice(moved), pc.prompts.n_stream))
+            relocated = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.rope)
+                         for p in pieces]
+            pc.prompts.state_set(0, state_blob.restream(impl.splice(relocated), pc.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)
             mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
             if args.timing_only:
