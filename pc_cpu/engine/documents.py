@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.relocate import relocate_blob, splice_blobs
@@ -78,9 +79,9 @@ class DocumentEncoder:
 
     # --- encodings ------------------------------------------------------------------
 
-    def preamble_blob(self, preamble: tuple[int, ...]) -> tuple[bytes, str]:
-        """Returns the preamble's cells (positions 0..n-1) and the tier that served them."""
-        key = self.preamble_key(preamble)
+    def preamble_blob(self, preamble: tuple[int, ...], key: StoreKey | None = None) -> tuple[bytes, str]:
+        """Returns the preamble's cells (positions 0..n-1) and the tier that served them (`key`: its key, if known)."""
+        key = key or self.preamble_key(preamble)
         stored = self._stored(key, (0, len(preamble)))
         if stored is not None:
             return stored
@@ -93,10 +94,11 @@ class DocumentEncoder:
             self.prompts.seq_rm(seq)
         return blob, TIER_ENCODED
 
-    def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...]) -> tuple[bytes, str]:
+    def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
+                      key: StoreKey | None = None) -> tuple[bytes, str]:
         """Returns a document's cells, computed after `preamble` at its home, and the tier that served them."""
         home = len(preamble)
-        key = self.document_key(preamble, doc_id, tokens)
+        key = key or self.document_key(preamble, doc_id, tokens)
         stored = self._stored(key, (home, home + len(tokens)))
         if stored is not None:
             return stored
@@ -168,10 +170,11 @@ class DocumentWork:
         if not self.use_cache:
             return {}
         prompt, encoder = self.prompt, self.encoder
-        blob, tier = encoder.preamble_blob(prompt.preamble)
+        preamble_key, *doc_keys = self._keys
+        blob, tier = encoder.preamble_blob(prompt.preamble, preamble_key)
         pieces, tiers = [Piece(blob, 0)], {PREAMBLE: tier}
-        for doc in prompt.documents:
-            blob, tier = encoder.document_blob(prompt.preamble, doc.id, doc.tokens)
+        for doc, key in zip(prompt.documents, doc_keys):
+            blob, tier = encoder.document_blob(prompt.preamble, doc.id, doc.tokens, key)
             pieces.append(Piece(blob, doc.start - prompt.home))
             tiers.setdefault(doc.id, tier)
         self._pieces = pieces
@@ -186,10 +189,15 @@ class DocumentWork:
     def head(self) -> tuple[tuple, int] | None:
         if not self.use_cache:
             return None
+        starts = (0,) + tuple(doc.start for doc in self.prompt.documents)
+        return tuple(zip(self._keys, starts)), self.prompt.tail_start
+
+    @cached_property
+    def _keys(self) -> tuple[StoreKey, ...]:
+        """The preamble's key, then each document's: hashed once per prompt (head and prepare both need them)."""
         prompt, encoder = self.prompt, self.encoder
-        pieces = ((encoder.preamble_key(prompt.preamble), 0),) + tuple(
-            (encoder.document_key(prompt.preamble, doc.id, doc.tokens), doc.start) for doc in prompt.documents)
-        return pieces, prompt.tail_start
+        return (encoder.preamble_key(prompt.preamble),) + tuple(
+            encoder.document_key(prompt.preamble, doc.id, doc.tokens) for doc in prompt.documents)
 
     def held_tiers(self) -> dict[str, str]:
         return {PREAMBLE: "context", **{doc.id: "context" for doc in self.prompt.documents}}
