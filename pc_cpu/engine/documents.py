@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.relocate import relocate_blob, splice_blobs
+from pc_cpu.engine.relocate import relocate_blob, scan_blob, splice_blobs
 from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
-from pc_cpu.store import native, parts, state_blob
+from pc_cpu.store import parts, state_blob
 from pc_cpu.store.documents import document_label
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
@@ -58,7 +58,6 @@ class DocumentEncoder:
         self.rope = rope
         self.model_id = prompts.model.info.fingerprint
         self.encoded = 0  # preambles and documents this instance computed
-        self._blobs = native if native.available() else state_blob
 
     def check_supported(self) -> None:
         """Raises DocumentError when this model's cells cannot be moved (so documents cannot be placed)."""
@@ -121,7 +120,7 @@ class DocumentEncoder:
             return None
         try:
             (blob,) = parts.unpack(hit.entry.payload)
-            info = self._blobs.scan(blob)
+            info = scan_blob(blob)
             if (info.n_cell, info.pos_min, info.pos_max + 1) != (positions[1] - positions[0], *positions):
                 raise StateBlobError(f"it holds {info.n_cell} cells at [{info.pos_min}, {info.pos_max + 1})",
                                      code="corrupt")

@@ -18,10 +18,11 @@ from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import Workspace, encode_key, pin_cells
+from pc_cpu.engine.relocate import scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs
 from pc_cpu.pml.layout import ROOT, Layout, Run
-from pc_cpu.store import native, parts, state_blob
+from pc_cpu.store import parts, state_blob
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.store.resident import ResidentTier
@@ -49,7 +50,6 @@ class ModuleCache:
         self.rope = rope  # how to move cells for prompts that place modules elsewhere; None: llama.cpp's seq_add
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
-        self._blobs = native if native.available() else state_blob
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
         self._used_by: dict[str, set[StoreKey]] = {}  # schema -> the keys it made resident
 
@@ -256,7 +256,7 @@ class ModuleCache:
         expected = sum(len(r.tokens) for r in runs)
         try:
             blobs = parts.unpack(entry.payload)
-            infos = [self._blobs.scan(blob) for blob in blobs]  # refuses malformed bytes before llama.cpp sees them
+            infos = [scan_blob(blob) for blob in blobs]  # refuses malformed bytes before llama.cpp sees them
             if any(info.n_section > 1 and len(set(state_blob.section_cells(blob))) > 1
                    for blob, info in zip(blobs, infos)):
                 return "it lacks sliding-window cells (saved whole by an older pc_cpu)"

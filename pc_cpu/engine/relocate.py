@@ -14,17 +14,23 @@ from pc_cpu.engine.context import Context
 from pc_cpu.store import native, state_blob
 from pc_cpu.store.state_blob import BlobLike, RopeParams
 
-_impl = native if native.available() else state_blob
+# The C library when it is built, else its numpy twin (same bytes): scan, splice, relocate.
+BLOBS = native if native.available() else state_blob
+
+
+def scan_blob(blob: BlobLike):
+    """Returns the StateBlobInfo of a blob, refusing malformed bytes before llama.cpp sees them."""
+    return BLOBS.scan(blob)
 
 
 def relocate_blob(blob: BlobLike, delta: int, rope: RopeParams) -> BlobLike:
     """Returns `blob` with every cell moved by `delta` positions (the same bytes when delta is 0)."""
-    return blob if delta == 0 else _impl.relocate(blob, delta, rope)
+    return blob if delta == 0 else BLOBS.relocate(blob, delta, rope)
 
 
 def splice_blobs(blobs: list[BlobLike]) -> BlobLike:
     """Returns one blob holding the cells of `blobs` (disjoint positions), in their order."""
-    return blobs[0] if len(blobs) == 1 else _impl.splice(blobs)
+    return blobs[0] if len(blobs) == 1 else BLOBS.splice(blobs)
 
 
 def copy_moved(ctx: Context, source: int, start: int, end: int, delta: int, dest: int, *, scratch: int,
