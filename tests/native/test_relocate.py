@@ -113,6 +113,39 @@ def test_numpy_and_native_relocate_agree_on_synthetic_blobs(k_type, mode, n_rot)
         assert bytes(native.relocate(blob, delta, rope)) == bytes(state_blob.relocate(blob, delta, rope))
 
 
+def _with_special_k(blob: bytes, spec: BlobSpec) -> bytes:
+    """Returns `blob` with its K values cycling through F16/F32 edge cases: NaNs, infinities,
+    zeros of both signs, subnormals, the largest finite values and values that round to them."""
+    f16 = np.array([0x7e00, 0xfe01, 0x7c00, 0xfc00, 0x0000, 0x8000, 0x0001, 0x83ff, 0x0400, 0x7bff,
+                    0xfbff, 0x3c00, 0x3555], "<u2").view("<f2")
+    special = f16.astype(np.float32) if spec.k_type == GGML_F32 else f16
+    if spec.k_type == GGML_F32:
+        special = np.concatenate([special, np.array([3.4e38, -1e-45, 65520.0, 1e-8], np.float32)])
+    dtype = "<f2" if spec.k_type == GGML_F16 else "<f4"
+    out = bytearray(blob)
+    n = len(spec.positions) * spec.n_head_kv * spec.head_dim
+    off = 16 + 12 * len(spec.positions) + 8
+    for _ in range(spec.n_layer):
+        values = np.resize(special, n).astype(dtype)
+        np.random.default_rng(off).shuffle(values)
+        out[off + 12: off + 12 + values.nbytes] = values.tobytes()
+        off += 12 + values.nbytes
+    return bytes(out)
+
+
+@needs_native
+@pytest.mark.parametrize("k_type", [GGML_F16, GGML_F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("mode", [RopeMode.NORMAL, RopeMode.NEOX])
+def test_numpy_and_native_relocate_agree_on_special_values(k_type, mode):
+    # The C conversions are branch-free so that they vectorize; every edge case must still round
+    # exactly as numpy does.
+    spec = BlobSpec(positions=tuple(range(10, 47)), k_type=k_type, head_dim=16)
+    blob = _with_special_k(make_blob(spec), spec)
+    rope = spec.rope(mode)
+    for delta in (1, -7, 3001):
+        assert bytes(native.relocate(blob, delta, rope)) == bytes(state_blob.relocate(blob, delta, rope))
+
+
 @needs_native
 def test_numpy_and_native_relocate_agree_on_real_blobs(real_blobs, smollm2):
     neox = dataclasses.replace(smollm2.rope, mode=RopeMode.NEOX, n_rot=32)
