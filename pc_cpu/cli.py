@@ -270,7 +270,7 @@ def demo(model, threads, as_json, verbose):
             if not as_json:
                 click.echo("encoding a long document once (kept in the store for the next run)...", err=True)
             handbook = pc.add_document(long_document(), name="pc-cpu demo handbook")
-        except DocumentError as exc:  # e.g. a sliding-window model: no documents yet
+        except DocumentError as exc:  # a model whose cells cannot be moved: no documents
             click.echo(f"(long-document case skipped: {exc})", err=True)
             return
         cached = pc.ask(LONG_QUESTION, documents=[handbook], max_tokens=48)

@@ -12,8 +12,10 @@ each document's, moved to the position the prompt gives it by the C relocator
 into one blob in position order, and restored into the prompt's empty stream with
 one state_set. The question is then computed there. A document used at its home
 (the first one) is not moved at all, so its cells are exactly the encoded ones.
-bench/relocation.py measures this against llama.cpp's own seq_add on a private
-copy; the bytes path was faster (bench/RESULTS.md).
+bench/documents.py measures this against llama.cpp's own seq_add on a private
+copy; the bytes path was faster (bench/RESULTS.md). Sliding-window models keep two
+caches per layer with two RoPE bases, which the relocator does not rewrite: there
+each moved document goes through llama.cpp's seq_add in the workspace stream.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.relocate import relocate_blob, scan_blob, splice_blobs
 from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
@@ -61,11 +64,10 @@ class DocumentEncoder:
 
     def check_supported(self) -> None:
         """Raises DocumentError when this model's cells cannot be moved (so documents cannot be placed)."""
-        if self.rope is None:
+        if self.rope is None and not self.prompts.can_shift:
             raise DocumentError(
                 "documents need their cells moved to other positions, which this model's KV cache does not "
-                "allow (a sliding-window cache keeps two caches per layer); use a PML schema with this model, "
-                "or a model without a sliding window (pc-cpu models)")
+                "allow; use a PML schema with this model, or another model (pc-cpu models)")
 
     # --- keys -----------------------------------------------------------------------
 
@@ -144,13 +146,31 @@ class DocumentEncoder:
 
         The last tail token's logits are then ready to sample from.
         """
-        joined = splice_blobs([relocate_blob(piece.blob, piece.delta, self.rope) for piece in pieces])
         self.prompts.seq_rm(slot)
+        joined = splice_blobs([self.move(piece, slot) for piece in pieces])
         blob = bytearray(joined) if not isinstance(joined, bytearray) else joined  # one piece: not the stored bytes
         self.prompts.state_set(slot, state_blob.restream_in_place(blob, self.prompts.n_stream))
         start = prompt.tail_start
         self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
         return prompt.end
+
+    def move(self, piece: Piece, empty: int) -> bytes | bytearray:
+        """Returns the piece's cells moved into place: by the relocator, else by llama.cpp (`empty`: a free stream)."""
+        if piece.delta == 0:
+            return piece.blob
+        if self.rope is not None:
+            return relocate_blob(piece.blob, piece.delta, self.rope)
+        seq = self.workspace
+        try:
+            self.prompts.state_set(seq, state_blob.restream(piece.blob, self.prompts.n_stream))
+            info = scan_blob(piece.blob)
+            self.prompts.seq_add(seq, info.pos_min, info.pos_max + 1, piece.delta)
+            # The K-shift runs at the next decode, and a saved state does not carry a pending
+            # shift: its K would be read out unrotated at the new positions.
+            apply_pending_shifts(self.prompts, empty)
+            return state_blob.restream(self.prompts.state_get(seq), 1)
+        finally:
+            self.prompts.seq_rm(seq)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.engine.documents import DocumentWork
+from pc_cpu.engine.documents import DocumentWork, Piece
 from pc_cpu.errors import ContextOverflowError, DocumentError, UnknownDocumentError
 from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.store import native, state_blob
@@ -20,10 +20,7 @@ QUESTION = "How tall is the Eiffel Tower?"
 @pytest.fixture
 def cache_with_store(make_cache, tmp_path):
     def make(**options):
-        cache = make_cache(store=tmp_path / "store", **options)
-        if cache.model.info.n_swa:
-            pytest.skip("documents are moved by relocation, which sliding-window caches do not support")
-        return cache
+        return make_cache(store=tmp_path / "store", **options)
     return make
 
 
@@ -91,6 +88,8 @@ def test_a_document_at_its_home_equals_the_full_prefill_bit_for_bit(cache_with_s
 
 def test_relocating_by_zero_changes_no_byte(cache_with_store):
     cache = cache_with_store()
+    if cache._documents.rope is None:
+        pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
     doc = cache.add_document(PARIS)
     preamble = preamble_tokens(None, cache.model, cache.markup)
     blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(PARIS, cache.model))
@@ -116,8 +115,7 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     in_place_blob = state_blob.restream(work.state_get(0), 1)
     work.seq_rm(0)
     home_blob, _ = cache._documents.document_blob(prompt.preamble, doc, placed.tokens)
-    impl = native if native.available() else state_blob
-    moved = layer0_keys(impl.relocate(home_blob, d, cache._documents.rope))
+    moved = layer0_keys(cache._documents.move(Piece(home_blob, d), empty=0))  # as `ask` moves it on this model
     in_place = layer0_keys(in_place_blob)
     assert sorted(moved) == sorted(in_place) == list(range(placed.start, placed.end))
     here = np.stack([in_place[p] for p in sorted(moved)])
@@ -128,18 +126,22 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     cached = cached_logits(cache, QUESTION, [other, doc])
     preamble_blob, _ = cache._documents.preamble_blob(prompt.preamble)
     other_blob, _ = cache._documents.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
+    impl = native if native.available() else state_blob
     work.state_set(0, state_blob.restream(impl.splice([preamble_blob, other_blob, in_place_blob]), work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     computed_there = work.logits()
     work.seq_rm(0)
-    assert np.abs(cached - computed_there).max() < 0.05 * np.abs(computed_there).max()
+    # Measured, largest logit difference / largest logit: tiny 0.1%, SmolLM2 2.2%, Qwen2.5-0.5B 1.5%,
+    # Gemma 3 5.3% (moved by llama.cpp's seq_add, two RoPE bases; its deeper layers' K differ by 2-5%
+    # between the two encodings, as the other models' do). The answer's first token agrees on each.
+    bound = 0.05 if cache._documents.rope is not None else 0.08
+    assert np.abs(cached - computed_there).max() < bound * np.abs(computed_there).max()
+    assert np.argmax(cached) == np.argmax(computed_there)
 
 
 def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):
     store = tmp_path / "store"
     first = make_cache(store=store)
-    if first.model.info.n_swa:
-        pytest.skip("documents are moved by relocation, which sliding-window caches do not support")
     ids = [first.add_document(text, name=name) for text, name in ((PARIS, "paris"), (FUJI, "fuji"))]
     before = first.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8)
     first.close()
@@ -197,9 +199,42 @@ def test_bad_documents_are_refused_with_the_fix(cache_with_store):
     assert cache.ask(QUESTION, documents=[paris], max_tokens=1).modules == [paris]  # still usable
 
 
-def test_documents_are_refused_on_sliding_window_models(make_cache):
-    cache = make_cache(store=False)
-    if not cache.model.info.n_swa:
-        pytest.skip("this model's cells can be moved")
-    with pytest.raises(DocumentError, match="sliding-window"):
+def _k_and_rest(blob) -> tuple[np.ndarray, bytes]:
+    """Returns every K value of a one-cache F16 blob as int16 bits, and the blob with K zeroed."""
+    parsed = state_blob._layout_parse(bytes(blob))
+    (section,) = parsed.sections
+    rest, ks = bytearray(parsed.buf), []
+    for k in section.k:
+        size = section.n_cell * k.row_size
+        ks.append(np.frombuffer(parsed.buf, "<i2", size // 2, k.data_off))
+        rest[k.data_off:k.data_off + size] = bytes(size)
+    return np.concatenate(ks), bytes(rest)
+
+
+def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
+    # The fallback for caches the relocator does not rewrite (sliding-window models) must move a
+    # document as the relocator does: same positions and V, K within one F16 ulp (the relocator
+    # rounds its cos/sin in double, llama.cpp in float: tests/native). The prompt's logits are
+    # not compared: a Q4 model turns those few ulps into logit changes of ~2% (measured).
+    cache = cache_with_store()
+    if cache._documents.rope is None:
+        pytest.skip("this model has no relocator path to compare with (test_a_moved_document_... covers it)")
+    doc = cache.add_document(PARIS)
+    preamble = preamble_tokens(None, cache.model, cache.markup)
+    blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(PARIS, cache.model))
+    by_relocator = cache._documents.move(Piece(blob, 301), empty=0)
+    cache._documents.rope = None
+    by_llama = cache._documents.move(Piece(blob, 301), empty=0)
+    (k_relocator, rest_relocator), (k_llama, rest_llama) = _k_and_rest(by_relocator), _k_and_rest(by_llama)
+    assert rest_llama == rest_relocator  # positions, V and layout
+    assert not np.array_equal(k_relocator, _k_and_rest(blob)[0])  # K was rotated
+    ulps = np.abs(k_llama.astype(np.int32) - k_relocator.astype(np.int32))  # same sign: F16 bits are monotonic
+    assert ulps.max() <= 1 and np.count_nonzero(ulps) <= 0.001 * ulps.size
+
+
+def test_documents_are_refused_where_cells_cannot_move(cache_with_store):
+    cache = cache_with_store()
+    cache._documents.rope = None
+    cache.prompts.can_shift = False  # as a cache whose positions llama.cpp cannot shift reports
+    with pytest.raises(DocumentError, match="cannot|does not allow"):
         cache.add_document(PARIS)
