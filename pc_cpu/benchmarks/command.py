@@ -228,6 +228,34 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
 
 
 @bench.command()
+@click.argument("what", type=click.Choice(["rag", "relocation"]))
+@model_option
+@threads_option
+@quick_option
+@json_option
+@click.option("--docs", type=click.IntRange(6), default=None,
+              help="rag: documents in the library (default 500, about 7x the 8K context on SmolLM2; quick 60).")
+@click.option("--prompts", type=click.IntRange(1), default=None,
+              help="rag: questions over 5 documents at the full library (default 100, quick 10).")
+@click.option("--n", "count", type=click.IntRange(1), default=None,
+              help="relocation: questions answered three ways, paired (default 200, quick 10).")
+@click.option("--timing-only", is_flag=True, help="relocation: speed only (run on a quiet machine).")
+@click.option("--no-peers", is_flag=True, help="rag: skip llama-cpp-python's Llama on the same prompts.")
+def documents(what, model, threads, quick, as_json, docs, prompts, count, timing_only, no_peers):
+    """Documents: the RAG workload (TTFT, adding one, library growth, bytes) or relocation (speed, answers).
+
+    Example: pc-cpu bench documents rag --docs 500 --prompts 100 --threads 2
+    """
+    from pc_cpu.benchmarks import documents as dc
+
+    job = dc.DocumentsBench(model=model, threads=threads, docs=docs or (60 if quick else 500),
+                            prompts=prompts or (10 if quick else 100), n=count or (10 if quick else 200),
+                            timing_only=timing_only, peers=not no_peers)
+    result = dc.rag(job) if what == "rag" else dc.relocation(job)
+    _emit(result, dc.markdown(what, result), as_json)
+
+
+@bench.command()
 @click.argument("records", type=click.Path(exists=True, dir_okay=False), nargs=-1, required=True)
 def summary(records):
     """Tables from accuracy JSON-lines files (complete items only).

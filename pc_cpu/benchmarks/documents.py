@@ -1,0 +1,377 @@
+"""Documents: the RAG workload, the cost of adding one, TTFT as the library grows, relocation's speed and its cost to answers.
+
+    pc-cpu bench documents rag --docs 500 --prompts 100 [--model NAME] [--threads 2] [--no-peers]
+    pc-cpu bench documents relocation --n 200 [--model NAME] [--timing-only]
+
+(`python bench/documents.py ...` takes the same arguments.)
+
+`rag`: the gold passages of `--docs` NaturalQuestions questions are added as documents
+(about 9x the 8K context on SmolLM2). The time to add each is recorded (and compared with
+a full prefill of the same tokens). At 50, 100, 250 and `--docs` documents, `--prompts`
+questions are asked over 5 passages (the gold one and 4 others, in a random order):
+TTFT cached and full prefill (same tokens, same run), the cost of computing only the
+uncached tokens after the restored cells, accuracy, and the store's bytes.
+
+`relocation`: speed of moving a 5-document prompt's cells with the C relocator and splicer
+(one state_set) against llama.cpp's seq_add on a private copy (a state_set per document,
+then the K-shift), as MB/s and TTFT; and answers, paired over `--n` questions: documents
+moved, documents computed at the positions the prompt gives them, and the full prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+import time
+
+import numpy as np
+
+from pc_cpu import PromptCache
+from pc_cpu.benchmarks.evaldata import load_nq
+from pc_cpu.benchmarks.intervals import paired_difference
+from pc_cpu.benchmarks.scoring import normalize_answer
+from pc_cpu.engine.documents import DocumentWork
+from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.errors import DocumentError
+from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.store import native, state_blob
+
+SYSTEM = "Answer the question from the documents, in a few words."
+
+
+@dataclass(frozen=True)
+class DocumentsBench:
+    """What to run: `rag` uses docs, prompts and peers; `relocation` uses n and timing_only."""
+
+    model: str | None = None
+    threads: int = 2
+    docs: int = 500
+    prompts: int = 100
+    n: int = 200
+    timing_only: bool = False
+    peers: bool = True
+
+
+def correct(text: str, answers) -> bool:
+    norm = normalize_answer(text)
+    return any(normalize_answer(a) in norm for a in answers)
+
+
+def pct(values, q):
+    return float(np.percentile(values, q))
+
+
+def passage_text(p) -> str:
+    return f"{p.title}: {p.text}"
+
+
+def rag(job: DocumentsBench) -> dict:
+    """Returns the RAG workload's measurements (module docstring); the library is stored in a temporary directory."""
+    questions = load_nq()
+    rng = random.Random(0)
+    chosen = rng.sample(range(len(questions)), job.docs)
+    with tempfile.TemporaryDirectory(prefix="pc_cpu_docs_") as store:  # ~23 KB per token on SmolLM2
+        return _rag(job, questions, chosen, store)
+
+
+def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
+    out: dict = {"model": job.model, "docs": job.docs, "prompts": job.prompts, "threads": job.threads}
+    with PromptCache(job.model, threads=job.threads, store=store, ram_bytes=8 << 30, flash_attn=True) as pc:
+        preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
+        pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
+        ids, add_ms, add_tokens = [], [], []
+        sizes = sorted({s for s in (50, 100, 250, job.docs) if s <= job.docs})
+        by_size = {}
+        for i, q in enumerate(chosen):
+            text = passage_text(questions[q].gold)
+            t0 = time.perf_counter()
+            ids.append(pc.add_document(text, system=SYSTEM))
+            add_ms.append((time.perf_counter() - t0) * 1000)
+            add_tokens.append(len(document_tokens(text, pc.model)))
+            if len(ids) in sizes:
+                by_size[len(ids)] = run_prompts(pc, questions, chosen[:len(ids)], ids, job,
+                                                full=len(ids) == job.docs)
+                print(json.dumps({"library": len(ids), **{k: v for k, v in by_size[len(ids)].items()
+                                                          if not isinstance(v, list)}}), file=sys.stderr, flush=True)
+        # A prefill of one document's tokens after the preamble, to compare adding one with.
+        prefill_ms = []
+        for q in chosen[-20:]:
+            tokens = list(preamble) + list(document_tokens(passage_text(questions[q].gold), pc.model))
+            t0 = time.perf_counter()
+            pc.prompts.decode(tokens, range(len(tokens)), 0, logits_last=False)
+            prefill_ms.append((time.perf_counter() - t0) * 1000)
+            pc.prompts.seq_rm(0)
+        disk = next(t for t in pc.store.tiers if t.name == "disk")
+        ram = next(t for t in pc.store.tiers if t.name == "ram")
+        library_tokens = sum(add_tokens)
+        out.update({
+            "library_tokens": library_tokens, "n_ctx": pc.ctx.n_ctx,
+            "add_ms_last20_median": statistics.median(add_ms[-20:]),
+            "prefill_doc_ms_median": statistics.median(prefill_ms),
+            "add_vs_prefill": statistics.median(add_ms[-20:]) / statistics.median(prefill_ms),
+            "ram_bytes": ram.bytes_used, "disk_bytes": disk.bytes_used, "resident_cells": pc.resident_cells,
+            "by_library_size": by_size,
+        })
+        model_path, n_ctx = str(pc.model.path), pc.ctx.n_ctx
+    token_lists = by_size[job.docs].pop("token_lists")
+    if job.peers:
+        out["peers"] = llama_peers(model_path, n_ctx, job.threads, token_lists)
+    return out
+
+
+def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]]) -> dict:
+    """Returns TTFT p50/p95 of the same prompts through llama-cpp-python's Llama, plain and with LlamaRAMCache."""
+    import llama_cpp
+
+    result = {}
+    for name in ("Llama", "Llama + LlamaRAMCache"):
+        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+                              verbose=False)
+        if "RAMCache" in name:
+            llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=8 << 30))
+        llm.create_completion(prompt=token_lists[0], max_tokens=1)  # warm-up, untimed
+        times = []
+        for tokens in token_lists:
+            t0 = time.perf_counter()
+            llm.create_completion(prompt=tokens, max_tokens=1, temperature=0.0)
+            times.append((time.perf_counter() - t0) * 1000)
+        llm.close()
+        result[name] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95)}
+    return result
+
+
+def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool) -> dict:
+    rng = random.Random(len(library))
+    n = job.prompts if full else min(job.prompts, 20)
+    cached_ms, baseline_ms, tail_ms, hits_c, hits_b, same, token_lists = [], [], [], 0, 0, 0, []
+    for k in range(n):
+        gold = rng.randrange(len(library))
+        others = rng.sample([i for i in range(len(library)) if i != gold], 4)
+        order = others + [gold]
+        rng.shuffle(order)
+        q = questions[library[gold]]
+        docs = [ids[i] for i in order]
+        cached = pc.ask(q.question, documents=docs, system=SYSTEM, max_tokens=24)
+        cached_ms.append(cached.ttft_ms)
+        if full:
+            baseline = pc.ask(q.question, documents=docs, system=SYSTEM, max_tokens=24, use_cache=False)
+            baseline_ms.append(baseline.ttft_ms)
+            hits_c += correct(cached.text, q.answers)
+            hits_b += correct(baseline.text, q.answers)
+            same += cached.token_ids == baseline.token_ids
+            tail_ms.append(uncached_only_ms(pc, q.question, docs))
+            token_lists.append(list(_prompt(pc, q.question, docs).tokens))
+    result = {"cached_p50_ms": pct(cached_ms, 50), "cached_p95_ms": pct(cached_ms, 95), "n": n}
+    if full:
+        result.update({
+            "baseline_p50_ms": pct(baseline_ms, 50), "baseline_p95_ms": pct(baseline_ms, 95),
+            "speedup_p50": pct(baseline_ms, 50) / pct(cached_ms, 50),
+            "uncached_only_p50_ms": pct(tail_ms, 50), "cached_vs_uncached_only": pct(cached_ms, 50) / pct(tail_ms, 50),
+            "accuracy_cached": hits_c / n, "accuracy_full": hits_b / n, "identical_answers": same / n,
+            "token_lists": token_lists,
+        })
+    return result
+
+
+def uncached_only_ms(pc, question, docs) -> float:
+    """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
+    prompt = _prompt(pc, question, docs)
+    pc._scheduler.drop_held()  # stream 0 is used by hand below
+    work = DocumentWork(prompt, pc._documents, True)
+    work.prepare()
+    pieces = work._pieces
+    impl = native if native.available() else state_blob
+    moved = [pc._documents.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
+    pc.prompts.state_set(0, state_blob.restream(impl.splice(moved), pc.prompts.n_stream))
+    t0 = time.perf_counter()
+    pc.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    int(np.argmax(pc.prompts.logits()))
+    ms = (time.perf_counter() - t0) * 1000
+    pc.prompts.seq_rm(0)
+    return ms
+
+
+def _prompt(pc, question, docs):
+    return layout_documents(preamble_tokens(SYSTEM, pc.model, pc.markup),
+                            [(d, document_tokens(pc.library.get(d).text, pc.model)) for d in docs],
+                            tail_tokens(question, pc.model, pc.markup))
+
+
+# --- relocation ------------------------------------------------------------------------------------
+
+def relocation(job: DocumentsBench) -> dict:
+    """Returns the relocation speed of both paths and, unless timing_only, the paired answers (module docstring)."""
+    questions = load_nq()
+    rng = random.Random(1)
+    picks = rng.sample(range(len(questions)), job.n + 4)
+    out: dict = {"model": job.model, "n": job.n, "threads": job.threads}
+    with PromptCache(job.model, threads=job.threads, store=False, ram_bytes=8 << 30) as pc:
+        if pc._documents.rope is None:
+            raise DocumentError("the relocation bench compares the C relocator with llama.cpp's seq_add, and "
+                                 "this model's cells are moved by seq_add only (a sliding window); use another model")
+        ids = {q: pc.add_document(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
+        impl = native if native.available() else state_blob
+        c_ms, seq_add_ms, mbytes = [], [], []
+        moved_hits = placed_hits = full_hits = 0
+        moved, placed, full = [], [], []
+        moved_same_full = moved_same_placed = 0
+        for k in range(job.n):
+            if k and k % 20 == 0:
+                print(f"{k}/{job.n}", file=sys.stderr, flush=True)
+            gold = picks[k]
+            others = rng.sample([q for q in picks if q != gold], 4)
+            order = others + [gold]
+            rng.shuffle(order)
+            q = questions[gold]
+            prompt = _prompt(pc, q.question, [ids[i] for i in order])
+            pc._scheduler.drop_held()  # streams 0 and the workspace are used by hand below
+            work = DocumentWork(prompt, pc._documents, True)
+            work.prepare()
+            pieces = work._pieces
+            # C path: relocate + splice + one state_set.
+            t0 = time.perf_counter()
+            relocated = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.rope)
+                         for p in pieces]
+            pc.prompts.state_set(0, state_blob.restream(impl.splice(relocated), pc.prompts.n_stream))
+            c_ms.append((time.perf_counter() - t0) * 1000)
+            mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
+            if job.timing_only:
+                pc.prompts.seq_rm(0)
+            else:
+                moved_answer = greedy(pc, prompt)
+            # seq_add path: each document restored into the library's scratch, moved by llama.cpp, shared
+            # into staging; the K-shift applied; the staging cells read out in order into the stream.
+            t0 = time.perf_counter()
+            seq_add_assemble(pc, pieces)
+            seq_add_ms.append((time.perf_counter() - t0) * 1000)
+            pc.prompts.seq_rm(0)
+            if job.timing_only:
+                continue
+            placed_answer = greedy(pc, prompt, blobs=placed_blobs(pc, prompt))
+            full_answer = pc.ask(q.question, documents=[ids[i] for i in order], system=SYSTEM, max_tokens=24,
+                                 use_cache=False)
+            moved.append(correct(pc.model.detokenize(moved_answer), q.answers))
+            placed.append(correct(pc.model.detokenize(placed_answer), q.answers))
+            full.append(correct(full_answer.text, q.answers))
+            moved_hits, placed_hits, full_hits = sum(moved), sum(placed), sum(full)
+            moved_same_full += moved_answer == full_answer.token_ids
+            moved_same_placed += moved_answer == placed_answer
+        n = job.n
+        out.update({"c_path_ms_median": statistics.median(c_ms), "seq_add_path_ms_median": statistics.median(seq_add_ms),
+            "c_path_MB_per_s": statistics.median(m / (t / 1000) for m, t in zip(mbytes, c_ms)),
+            "seq_add_MB_per_s": statistics.median(m / (t / 1000) for m, t in zip(mbytes, seq_add_ms)),
+            "prompt_MB_median": statistics.median(mbytes)})
+        if not job.timing_only:
+            out.update({"accuracy_moved": moved_hits / n, "accuracy_at_position": placed_hits / n,
+                        "accuracy_full": full_hits / n, "moved_equals_at_position": moved_same_placed / n,
+                        "moved_equals_full": moved_same_full / n, "paired": paired(moved, placed, full)})
+    return out
+
+
+def paired(moved, placed, full) -> dict:
+    """Returns the paired accuracy differences (points) with their 95% bootstrap intervals."""
+    out = {}
+    for name, (a, b) in {"moved_minus_at_position": (moved, placed), "moved_minus_full": (moved, full),
+                         "at_position_minus_full": (placed, full)}.items():
+        interval = paired_difference([float(x) for x in a], [float(x) for x in b])
+        out[name] = {"points": 100 * interval.estimate, "low": 100 * interval.low, "high": 100 * interval.high}
+    return out
+
+
+def seq_add_assemble(pc, pieces) -> None:
+    """Builds prompt stream 0 from the pieces with llama.cpp's seq_add on private copies in the library."""
+    ctx, scratch, staging = pc.ctx, pc.scratch_seq, 0
+    ctx.seq_rm(staging)
+    for piece in pieces:
+        info = state_blob.scan(piece.blob)
+        ctx.state_set(scratch, piece.blob)
+        if piece.delta:
+            ctx.seq_add(scratch, info.pos_min, info.pos_max + 1, piece.delta)
+        ctx.seq_cp(scratch, staging, info.pos_min + piece.delta, info.pos_max + 1 + piece.delta)
+        ctx.seq_rm(scratch)
+    apply_pending_shifts(ctx, scratch)
+    blob = ctx.state_get(staging)
+    ctx.seq_rm(staging)
+    pc.prompts.state_set(0, state_blob.restream(state_blob.order_by_position(blob), pc.prompts.n_stream))
+
+
+def placed_blobs(pc, prompt) -> list[bytes]:
+    """Returns the preamble's cells and each document computed after the preamble at the position the prompt gives it."""
+    work, seq = pc.prompts, pc.prompts.n_seq_max - 1
+    preamble, _ = pc._documents.preamble_blob(prompt.preamble)
+    blobs = [preamble]
+    for doc in prompt.documents:
+        first = doc.start - prompt.home
+        work.seq_rm(seq)
+        work.decode(prompt.preamble, range(first, doc.start), seq, logits_last=False)
+        work.decode(doc.tokens, range(doc.start, doc.end), seq, logits_last=False)
+        work.seq_rm(seq, first, doc.start)
+        blobs.append(bytes(state_blob.restream(work.state_get(seq), 1)))
+        work.seq_rm(seq)
+    return blobs
+
+
+def greedy(pc, prompt, *, blobs=None, max_tokens: int = 24) -> list[int]:
+    """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed."""
+    work = pc.prompts
+    if blobs is not None:
+        impl = native if native.available() else state_blob
+        work.state_set(0, state_blob.restream(impl.splice(blobs), work.n_stream))
+    work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    tokens, pos = [], prompt.end
+    for _ in range(max_tokens):
+        token = int(np.argmax(work.logits()))
+        if pc.model.is_end_of_generation(token):
+            break
+        tokens.append(token)
+        work.decode([token], [pos], 0)
+        pos += 1
+    work.seq_rm(0)
+    return tokens
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def markdown(what: str, result: dict) -> str:
+    """Returns a result of `rag` or `relocation` as a Markdown table (the JSON has every field)."""
+    rows = _rag_rows(result) if what == "rag" else _relocation_rows(result)
+    return "\n".join(["| measure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
+
+
+def _rag_rows(r: dict) -> list[tuple[str, str]]:
+    full = r["by_library_size"][r["docs"]]
+    rows = [
+        ("library", f"{r['docs']} documents, {r['library_tokens']:,} tokens ({r['library_tokens'] / r['n_ctx']:.1f}x "
+                    f"the {r['n_ctx']}-cell context)"),
+        ("TTFT p50 / p95, cached", f"{full['cached_p50_ms']:.0f} / {full['cached_p95_ms']:.0f} ms"),
+        ("TTFT p50 / p95, full prefill (same tokens)", f"{full['baseline_p50_ms']:.0f} / {full['baseline_p95_ms']:.0f} ms"),
+        ("speedup at p50", f"{full['speedup_p50']:.1f}x"),
+        ("cached / computing only the uncached tokens", f"{full['cached_p50_ms']:.0f} / {full['uncached_only_p50_ms']:.0f} ms "
+                                                         f"= {full['cached_vs_uncached_only']:.2f}"),
+        ("TTFT p50 as the library grows", ", ".join(f"{size}: {v['cached_p50_ms']:.0f} ms"
+                                                    for size, v in sorted(r["by_library_size"].items()))),
+        ("adding one document / prefill of its tokens", f"{r['add_ms_last20_median']:.0f} / {r['prefill_doc_ms_median']:.0f} ms "
+                                                         f"= {r['add_vs_prefill']:.2f}"),
+        ("resident context cells", str(r["resident_cells"])),
+        ("RAM / disk bytes", f"{r['ram_bytes'] / 1e9:.2f} GB / {r['disk_bytes'] / 1e9:.2f} GB"),
+        ("accuracy cached / full prefill", f"{full['accuracy_cached']:.0%} / {full['accuracy_full']:.0%} (n = {full['n']})"),
+        ("answers token-identical to the full prefill", f"{full['identical_answers']:.0%}"),
+    ]
+    for name, peer in r.get("peers", {}).items():
+        rows.append((f"{name}, TTFT p50 / p95", f"{peer['p50_ms']:.0f} / {peer['p95_ms']:.0f} ms"))
+    return rows
+
+
+def _relocation_rows(r: dict) -> list[tuple[str, str]]:
+    rows = [
+        ("C relocator + splicer, one state_set", f"{r['c_path_ms_median']:.1f} ms ({r['c_path_MB_per_s']:.0f} MB/s)"),
+        ("llama.cpp seq_add on private copies", f"{r['seq_add_path_ms_median']:.1f} ms ({r['seq_add_MB_per_s']:.0f} MB/s)"),
+        ("prompt cells (median)", f"{r['prompt_MB_median']:.1f} MB"),
+    ]
+    for name, d in r.get("paired", {}).items():
+        rows.append((name.replace("_", " "), f"{d['points']:+.1f} points [{d['low']:+.1f}, {d['high']:+.1f}] (n = {r['n']})"))
+    return rows
