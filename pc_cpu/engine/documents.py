@@ -12,7 +12,7 @@ each document's, moved to the position the prompt gives it by the C relocator
 into one blob in position order, and restored into the prompt's empty stream with
 one state_set. The question is then computed there. A document used at its home
 (the first one) is not moved at all, so its cells are exactly the encoded ones.
-bench/documents.py measures this against llama.cpp's own seq_add on a private
+`pc-cpu bench documents relocation` measures this against llama.cpp's own seq_add on a private
 copy; the bytes path was faster (bench/RESULTS.md). Sliding-window models keep two
 caches per layer with two RoPE bases, which the relocator does not rewrite: there
 each moved document goes through llama.cpp's seq_add in the workspace stream.

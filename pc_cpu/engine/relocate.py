@@ -1,6 +1,6 @@
 """Moves saved cells to other positions: positions rewritten and K re-rotated for RoPE.
 
-Two ways, measured against each other in bench/documents.py (bench/RESULTS.md):
+Two ways, measured against each other by `pc-cpu bench documents relocation` (bench/RESULTS.md):
 - the C relocator (pc_cpu.store.native, numpy twin in state_blob) rewrites a state
   blob's bytes: ~4x faster than llama.cpp's way, and the hot path;
 - llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:

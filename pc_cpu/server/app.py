@@ -30,7 +30,6 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pc_cpu.errors import PromptCacheError, UnknownDocumentError, UnknownSchemaError
-from pc_cpu.pml.documents import document_tokens
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.schema import parse_schema
 from pc_cpu.server import openai_api as api
@@ -82,12 +81,8 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         feeds.add(feed)
         return feed
 
-    document_sizes: dict[str, int] = {}  # id -> tokens; an id is a hash of the text, so it never changes
-
     def document_json(doc) -> dict:  # in a worker thread: tokenizing a long document takes a while
-        if doc.id not in document_sizes:
-            document_sizes[doc.id] = len(document_tokens(doc.text, cache.model))
-        return api.document_json(doc, document_sizes[doc.id])
+        return api.document_json(doc, len(cache.document_tokens(doc.text)))
 
     @app.get("/health")
     async def health() -> dict:

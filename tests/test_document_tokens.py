@@ -1,0 +1,29 @@
+"""PromptCache.document_tokens: a document is tokenized once, not on every question over it."""
+
+from __future__ import annotations
+
+import pc_cpu.cache
+
+PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
+FUJI = "Mount Fuji is the highest mountain in Japan, 3,776 metres above the sea."
+
+
+def test_a_question_does_not_tokenize_its_documents_again(make_cache, monkeypatch):
+    cache = make_cache(store=False)
+    ids = [cache.add_document(text) for text in (PARIS, FUJI)]
+    first = cache.ask("How tall?", documents=ids, max_tokens=2)
+    seen = []
+    tokenize = cache.model.tokenize
+    monkeypatch.setattr(cache.model, "tokenize", lambda text, **kw: seen.append(text) or tokenize(text, **kw))
+    second = cache.ask("How tall?", documents=ids, max_tokens=2)
+    assert PARIS not in seen and FUJI not in seen and seen  # the question and its markup still are
+    assert second.token_ids == first.token_ids and second.prompt_tokens == first.prompt_tokens
+
+
+def test_the_kept_tokens_are_bounded_and_still_right(make_cache, monkeypatch):
+    monkeypatch.setattr(pc_cpu.cache, "_DOCUMENT_TOKENS_KEPT", 2)
+    cache = make_cache(store=False)
+    texts = [PARIS, FUJI, "A third document.", "A fourth one."]
+    expected = [cache.document_tokens(t) for t in texts]
+    assert len(cache._document_tokens) == 2
+    assert [cache.document_tokens(t) for t in texts] == expected  # evicted ones are tokenized again, the same
