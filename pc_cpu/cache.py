@@ -339,6 +339,8 @@ class PromptCache:
                 for key in [k for k in tier.keys() if k.label == label]:
                     tier.remove(key)
             self.library.remove(doc.id)
+        with self._document_tokens_lock:
+            self._document_tokens.pop(doc.id, None)
 
     def list_documents(self) -> list[Document]:
         """Returns every document of the library (id, text, names, added), oldest first."""

@@ -153,7 +153,6 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         def remove():  # UnknownDocumentError: 404 (see _add_error_handlers)
             doc = cache.library.resolve(id_or_name)
             cache.remove_document(doc.id)
-            document_sizes.pop(doc.id, None)
             return doc
 
         doc = await run_in_threadpool(remove)
