@@ -170,8 +170,7 @@ static void k_layers_rotate(uint8_t *blob, size_t size, const pc_section *sec, c
     }
 }
 
-static void positions_shift(uint8_t *blob, const pc_layout *lay, int32_t delta) {
-    const pc_section *sec = &lay->sec[0];
+static void positions_shift(uint8_t *blob, const pc_layout *lay, const pc_section *sec, int32_t delta) {
     const size_t rec = pc_cell_bytes(lay->cell_ext);
     for (uint32_t i = 0; i < sec->n_cell; ++i) {
         uint8_t *p = blob + sec->cells_off + (size_t) i * rec;
@@ -179,19 +178,33 @@ static void positions_shift(uint8_t *blob, const pc_layout *lay, int32_t delta) 
     }
 }
 
-int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope) {
+int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
+                             uint32_t n_ropes) {
     pc_layout lay;
     int rc;
     if (!blob) return PC_ERR_ARGUMENT;
     if ((rc = pc_layout_parse(blob, size, &lay)) != PC_OK) return rc;
-    if (lay.n_section > 1 || lay.cell_ext) return PC_ERR_UNSUPPORTED;
-    if (!rope || !rope_valid(rope)) return PC_ERR_ARGUMENT;
-    const pc_section *sec = &lay.sec[0];
-    if (sec->n_cell == 0) return PC_OK;
-    if ((int64_t) sec->pos_min + delta < 0 || (int64_t) sec->pos_max + delta > INT32_MAX) return PC_ERR_ARGUMENT;
-    if ((rc = k_layers_check(blob, size, sec, rope)) != PC_OK) return rc;
+    if (lay.cell_ext) return PC_ERR_UNSUPPORTED;
+    if (n_ropes == 1 && lay.n_section > 1) return PC_ERR_UNSUPPORTED; /* one rope cannot serve two caches */
+    if (!ropes || n_ropes != lay.n_section) return PC_ERR_ARGUMENT;
+    /* Validate every section before changing a byte. */
+    for (uint32_t s = 0; s < lay.n_section; ++s) {
+        const pc_section *sec = &lay.sec[s];
+        if (!rope_valid(&ropes[s])) return PC_ERR_ARGUMENT;
+        if (sec->n_cell == 0) continue;
+        if ((int64_t) sec->pos_min + delta < 0 || (int64_t) sec->pos_max + delta > INT32_MAX) return PC_ERR_ARGUMENT;
+        if ((rc = k_layers_check(blob, size, sec, &ropes[s])) != PC_OK) return rc;
+    }
     if (delta == 0) return PC_OK;
-    positions_shift(blob, &lay, delta);
-    k_layers_rotate(blob, size, sec, rope, delta);
+    for (uint32_t s = 0; s < lay.n_section; ++s) {
+        const pc_section *sec = &lay.sec[s];
+        if (sec->n_cell == 0) continue;
+        positions_shift(blob, &lay, sec, delta);
+        k_layers_rotate(blob, size, sec, &ropes[s], delta);
+    }
     return PC_OK;
+}
+
+int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope) {
+    return pc_state_relocate_caches(blob, size, delta, rope, 1);
 }

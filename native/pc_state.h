@@ -35,7 +35,7 @@
 #define PC_API __attribute__((visibility("default")))
 #endif
 
-#define PC_NATIVE_VERSION 1
+#define PC_NATIVE_VERSION 2
 
 typedef enum {
     PC_OK = 0,
@@ -121,5 +121,13 @@ PC_API int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, siz
  * A NaN produced by the rotation is written as the canonical quiet NaN (F32 0x7fc00000,
  * F16 0x7e00). delta == 0 validates and changes nothing. */
 PC_API int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope);
+
+/* pc_state_relocate for a blob of n_ropes KV caches, each re-rotated with its own rope (an iswa
+ * model's base cache, then its sliding-window cache, whose layers use another RoPE base).
+ * n_ropes must equal the blob's section count (else PC_ERR_ARGUMENT; n_ropes == 1 with several
+ * sections is PC_ERR_UNSUPPORTED, as pc_state_relocate). Every section is validated before any
+ * byte changes. */
+PC_API int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
+                                    uint32_t n_ropes);
 
 #endif

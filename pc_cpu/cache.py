@@ -122,7 +122,7 @@ class PromptCache:
         self._document_tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
         self._document_tokens_lock = threading.Lock()
         rope = _movable_rope(self.model)
-        self._documents = DocumentEncoder(self.prompts, parallel, self.store, rope)
+        self._documents = DocumentEncoder(self.prompts, parallel, self.store, _cache_ropes(self.model))
         # Sliding-window models keep encoding in the library: their long runs rely on the pin there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
@@ -450,6 +450,17 @@ class PromptCache:
             name = parse_schema(schema_pml).name
             if name not in self._schemas or self._schemas[name].schema.source != schema_pml:
                 self.load_schema(schema_pml)
+
+
+def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
+    """Returns the RoPE of each KV cache in a saved state (documents are relocated with them), or None.
+
+    None: cells are moved with llama.cpp's seq_add instead (pc_cpu.engine.documents).
+    """
+    try:
+        return model.cache_ropes()
+    except ValueError:
+        return None
 
 
 _DOCUMENT_TOKENS_KEPT = 4096  # documents whose tokens are kept (~1 KB each at 150 tokens)

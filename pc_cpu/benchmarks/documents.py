@@ -81,6 +81,7 @@ def rag(job: DocumentsBench) -> dict:
 def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
     out: dict = {"model": job.model, "docs": job.docs, "prompts": job.prompts, "threads": job.threads}
     with PromptCache(job.model, threads=job.threads, store=store, ram_bytes=8 << 30, flash_attn=True) as pc:
+        out["model"] = pc.model.path.name  # the file, also when job.model is None (the default)
         preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
         pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
         ids, add_ms, add_tokens = [], [], []
@@ -210,7 +211,8 @@ def relocation(job: DocumentsBench) -> dict:
     picks = rng.sample(range(len(questions)), job.n + 4)
     out: dict = {"model": job.model, "n": job.n, "threads": job.threads}
     with PromptCache(job.model, threads=job.threads, store=False, ram_bytes=8 << 30) as pc:
-        if pc._documents.rope is None:
+        out["model"] = pc.model.path.name
+        if pc._documents.ropes is None:
             raise DocumentError("the relocation bench compares the C relocator with llama.cpp's seq_add, and "
                                  "this model's cells are moved by seq_add only (a sliding window); use another model")
         ids = {q: pc.add_document(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
@@ -234,7 +236,7 @@ def relocation(job: DocumentsBench) -> dict:
             pieces = work._pieces
             # C path: relocate + splice + one state_set.
             t0 = time.perf_counter()
-            relocated = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.rope)
+            relocated = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.ropes)
                          for p in pieces]
             pc.prompts.state_set(0, state_blob.restream(impl.splice(relocated), pc.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)

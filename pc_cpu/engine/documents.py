@@ -13,9 +13,10 @@ into one blob in position order, and restored into the prompt's empty stream wit
 one state_set. The question is then computed there. A document used at its home
 (the first one) is not moved at all, so its cells are exactly the encoded ones.
 `pc-cpu bench documents relocation` measures this against llama.cpp's own seq_add on a private
-copy; the bytes path was faster (bench/RESULTS.md). Sliding-window models keep two
-caches per layer with two RoPE bases, which the relocator does not rewrite: there
-each moved document goes through llama.cpp's seq_add in the workspace stream.
+copy; the bytes path was faster (bench/RESULTS.md). A sliding-window model's state
+holds two caches whose layers use two RoPE bases; the relocator rewrites each with its
+own (pc_cpu.engine.model.cache_ropes). Where those bases are not known, each moved
+document goes through llama.cpp's seq_add in the workspace stream instead.
 """
 
 from __future__ import annotations
@@ -54,17 +55,17 @@ class Piece:
 class DocumentEncoder:
     """Finds or computes the cells of preambles and documents; assembles a prompt's stream from them."""
 
-    def __init__(self, prompts: Context, workspace: int, store: TieredStore, rope: RopeParams | None):
+    def __init__(self, prompts: Context, workspace: int, store: TieredStore, ropes: tuple[RopeParams, ...] | None):
         self.prompts = prompts
         self.workspace = workspace  # an empty stream of `prompts` where encodings are computed
         self.store = store
-        self.rope = rope
+        self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
         self.model_id = prompts.model.info.fingerprint
         self.encoded = 0  # preambles and documents this instance computed
 
     def check_supported(self) -> None:
         """Raises DocumentError when this model's cells cannot be moved (so documents cannot be placed)."""
-        if self.rope is None and not self.prompts.can_shift:
+        if self.ropes is None and not self.prompts.can_shift:
             raise DocumentError(
                 "documents need their cells moved to other positions, which this model's KV cache does not "
                 "allow; use a PML schema with this model, or another model (pc-cpu models)")
@@ -158,8 +159,8 @@ class DocumentEncoder:
         """Returns the piece's cells moved into place: by the relocator, else by llama.cpp (`empty`: a free stream)."""
         if piece.delta == 0:
             return piece.blob
-        if self.rope is not None:
-            return relocate_blob(piece.blob, piece.delta, self.rope)
+        if self.ropes is not None:
+            return relocate_blob(piece.blob, piece.delta, self.ropes)
         seq = self.workspace
         try:
             self.prompts.state_set(seq, state_blob.restream(piece.blob, self.prompts.n_stream))

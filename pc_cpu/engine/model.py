@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp
@@ -14,6 +14,11 @@ from pc_cpu.engine.architecture import ArchitectureFacts, refusal
 from pc_cpu.engine.log import set_llama_verbose
 from pc_cpu.errors import ModelError, ModelLoadError, UnsupportedModelError
 from pc_cpu.store.state_blob import RopeMode, RopeParams
+
+# Sliding-window architectures whose llama.cpp loader leaves the window layers' RoPE at
+# rope.freq_base_swa (default 10000) and scale 1, so that saved cells of both caches can be
+# moved by the relocator (vendor/llama.cpp/src/models/gemma3.cpp, llama-hparams.h).
+_ISWA_ROPE_CHECKED = frozenset({"gemma3"})
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,23 @@ class Model:
                           head_dim=self.info.n_embd_head,
                           freq_base=float(self.metadata(f"{arch}.rope.freq_base") or 10000.0),
                           freq_scale=llama_cpp.llama_model_rope_freq_scale_train(self._model))
+
+    def cache_ropes(self) -> tuple[RopeParams, ...] | None:
+        """Returns the RoPE of each KV cache a saved state holds, in its order; None when unknown.
+
+        One cache, or an iswa model's base cache then its sliding-window cache, whose layers
+        llama.cpp rotates with `{arch}.rope.freq_base_swa` (default 10000) and scale 1
+        (llama_model::get_rope_freq_base). Only architectures whose loader was checked to keep
+        those defaults get two; others return None (their cells move with llama.cpp's seq_add).
+        """
+        rope = self.rope()
+        if not self.info.n_swa:
+            return (rope,)
+        arch = self.metadata("general.architecture") or ""
+        if arch not in _ISWA_ROPE_CHECKED:
+            return None
+        swa_base = self.metadata(f"{arch}.rope.freq_base_swa")
+        return (rope, replace(rope, freq_base=float(swa_base) if swa_base else 10000.0, freq_scale=1.0))
 
     def metadata(self, key: str) -> str | None:
         """Returns a GGUF metadata value as text, or None when the model does not have the key."""

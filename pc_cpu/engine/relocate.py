@@ -23,8 +23,11 @@ def scan_blob(blob: BlobLike):
     return BLOBS.scan(blob)
 
 
-def relocate_blob(blob: BlobLike, delta: int, rope: RopeParams) -> BlobLike:
-    """Returns `blob` with every cell moved by `delta` positions (the same bytes when delta is 0)."""
+def relocate_blob(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> BlobLike:
+    """Returns `blob` with every cell moved by `delta` positions (the same bytes when delta is 0).
+
+    `rope`: the model's RoPE, or one per KV cache of the blob (pc_cpu.engine.model.cache_ropes).
+    """
     return blob if delta == 0 else BLOBS.relocate(blob, delta, rope)
 
 

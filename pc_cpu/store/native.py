@@ -26,7 +26,7 @@ from pc_cpu.store.state_blob import BlobLike, RopeParams, StateBlobInfo
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 1  # PC_NATIVE_VERSION in native/pc_state.h
+ABI_VERSION = 2  # PC_NATIVE_VERSION in native/pc_state.h
 _LIB_NAMES = ("libpc_native.so", "libpc_native.dylib", "pc_native.dll")
 _INT32 = (-2**31, 2**31 - 1)
 PC_ERR_CAPACITY = -8
@@ -96,6 +96,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     # int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope);
     lib.pc_state_relocate.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope)]
     lib.pc_state_relocate.restype = ctypes.c_int
+    lib.pc_state_relocate_caches.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope),
+                                             ctypes.c_uint32]
+    lib.pc_state_relocate_caches.restype = ctypes.c_int
 
 
 def library_path() -> Path | None:
@@ -253,7 +256,7 @@ def _rope_struct(rope: RopeParams) -> _Rope:
     return _Rope(*ints, rope.freq_base, rope.freq_scale)
 
 
-def relocate(blob: BlobLike, delta: int, rope: RopeParams) -> bytearray:
+def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> bytearray:
     """Moves a blob's cells by delta; see :func:`pc_cpu.store.state_blob.relocate`."""
     lib = _require()
     if not _INT32[0] <= delta <= _INT32[1]:
@@ -263,9 +266,13 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams) -> bytearray:
     except TypeError:
         raise StateBlobError(f"state blob must be bytes-like, not {type(blob).__name__}",
                              code="argument") from None
-    c_rope = _rope_struct(rope) if isinstance(rope, RopeParams) else None  # NULL: refused
     buf = (ctypes.c_uint8 * max(len(out), 1)).from_buffer(out if out else bytearray(1))
-    status = lib.pc_state_relocate(buf, len(out), delta, ctypes.byref(c_rope) if c_rope else None)
+    if isinstance(rope, tuple) and rope and all(isinstance(r, RopeParams) for r in rope):
+        ropes = (_Rope * len(rope))(*(_rope_struct(r) for r in rope))
+        status = lib.pc_state_relocate_caches(buf, len(out), delta, ropes, len(rope))
+    else:
+        c_rope = _rope_struct(rope) if isinstance(rope, RopeParams) else None  # NULL: refused
+        status = lib.pc_state_relocate(buf, len(out), delta, ctypes.byref(c_rope) if c_rope else None)
     del buf  # release the export so the bytearray stays resizable
     if status:
         raise _error(status, "cannot relocate: ")

@@ -708,24 +708,34 @@ def _check_k_layers(sec: _Section, rope: RopeParams) -> None:
                          f"{rope.head_dim} x {el} = {n_el * el} bytes; pass the model's rope")
 
 
-def _check_relocate(lay: _Layout, delta: int, rope: RopeParams) -> None:
-    if len(lay.sections) > 1 or lay.cell_ext:
-        raise _error("unsupported", f"cannot relocate: blob has {len(lay.sections)} KV caches "
-                     f"and ext={lay.cell_ext}; only one cache without M-RoPE ext records can be "
-                     f"re-rotated with one rope")
-    if not isinstance(rope, RopeParams):
-        raise _error("argument", f"cannot relocate: rope must be RopeParams, not {type(rope).__name__}")
-    why = _rope_error(rope)
-    if why:
-        raise _error("argument", f"cannot relocate: invalid rope: {why}")
-    sec = lay.sections[0]
-    if sec.n_cell == 0:
-        return
-    lo, hi = int(sec.positions.min()), int(sec.positions.max())
-    if lo + delta < 0 or hi + delta > INT32_MAX:
-        raise _error("argument", f"cannot relocate: positions {lo}..{hi} moved by {delta} leave "
-                     f"0..{INT32_MAX}")
-    _check_k_layers(sec, rope)
+def _check_relocate(lay: _Layout, delta: int, rope) -> tuple[RopeParams, ...]:
+    """Returns one rope per KV cache of the blob, after checking that every cache can be moved by delta."""
+    if lay.cell_ext:
+        raise _error("unsupported", "cannot relocate: the blob has M-RoPE ext records, which cannot be "
+                     "re-rotated")
+    ropes = rope if isinstance(rope, tuple) and rope and all(isinstance(r, RopeParams) for r in rope) else None
+    if len(lay.sections) > 1 and (ropes is None or len(ropes) == 1):
+        raise _error("unsupported", f"cannot relocate: blob has {len(lay.sections)} KV caches; give one "
+                     "rope per cache (an iswa model rotates its caches with different bases)")
+    if ropes is None:
+        if not isinstance(rope, RopeParams):
+            raise _error("argument", f"cannot relocate: rope must be RopeParams, not {type(rope).__name__}")
+        ropes = (rope,)
+    if len(ropes) != len(lay.sections):
+        raise _error("argument", f"cannot relocate: {len(ropes)} ropes for {len(lay.sections)} KV caches")
+    for r in ropes:
+        why = _rope_error(r)
+        if why:
+            raise _error("argument", f"cannot relocate: invalid rope: {why}")
+    for sec, r in zip(lay.sections, ropes):
+        if sec.n_cell == 0:
+            continue
+        lo, hi = int(sec.positions.min()), int(sec.positions.max())
+        if lo + delta < 0 or hi + delta > INT32_MAX:
+            raise _error("argument", f"cannot relocate: positions {lo}..{hi} moved by {delta} leave "
+                         f"0..{INT32_MAX}")
+        _check_k_layers(sec, r)
+    return ropes
 
 
 def rope_table(delta: int, rope: RopeParams) -> tuple[np.ndarray, np.ndarray]:
@@ -770,34 +780,37 @@ def _rotate_k(buf: bytearray, rec: _Layer, n_cell: int, rope: RopeParams,
         k[:, :, a], k[:, :, b] = y0.astype(dtype), y1.astype(dtype)
 
 
-def relocate(blob: BlobLike, delta: int, rope: RopeParams) -> bytearray:
+def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> bytearray:
     """Moves every cell of a blob by delta positions, re-rotating K as llama.cpp's K-shift does.
 
     This places a module encoded at positions [p, p+n) at [p+delta, p+n+delta).
 
     Args:
-        blob: a single-cache blob with F16 or F32 K (not changed).
+        blob: a blob with F16 or F32 K (not changed).
         delta: positions to add, an int32.
-        rope: the model's RoPE parameters.
+        rope: the model's RoPE parameters; for a blob of several KV caches (an iswa model's base
+            and sliding-window caches), a tuple of one per cache, in the blob's order.
     Returns:
         The relocated copy.
     Raises:
         StateBlobError: the blob is invalid, the rope does not fit it ("argument"), a position
-            would leave [0, 2**31), or K is quantized / the blob has several caches
-            ("unsupported").
+            would leave [0, 2**31), or K is quantized / the blob has several caches and one
+            rope ("unsupported").
     """
     if not -2**31 <= delta <= INT32_MAX:
         raise _error("argument", f"cannot relocate: delta {delta} is not an int32")
     out = bytearray(_as_bytes_view(blob))
     lay = _layout_parse(out)
-    _check_relocate(lay, delta, rope)
-    sec = lay.sections[0]
-    if sec.n_cell == 0 or delta == 0:
+    ropes = _check_relocate(lay, delta, rope)
+    if delta == 0:
         return out
-    cells = np.frombuffer(out, dtype="<i4", count=sec.n_cell * lay.cell_bytes // 4,
-                          offset=sec.cells_off).reshape(sec.n_cell, lay.cell_bytes // 4)
-    cells[:, 0] += np.int32(delta)
-    cos_t, sin_t = rope_table(delta, rope)
-    for rec in sec.k:
-        _rotate_k(out, rec, sec.n_cell, rope, cos_t, sin_t)
+    for sec, r in zip(lay.sections, ropes):
+        if sec.n_cell == 0:
+            continue
+        cells = np.frombuffer(out, dtype="<i4", count=sec.n_cell * lay.cell_bytes // 4,
+                              offset=sec.cells_off).reshape(sec.n_cell, lay.cell_bytes // 4)
+        cells[:, 0] += np.int32(delta)
+        cos_t, sin_t = rope_table(delta, r)
+        for rec in sec.k:
+            _rotate_k(out, rec, sec.n_cell, r, cos_t, sin_t)
     return out

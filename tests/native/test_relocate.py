@@ -179,3 +179,36 @@ def test_relocate_matches_llama_k_shift(impl, rig_factory, smollm2, k_type, flas
     else:
         np.testing.assert_allclose(k_o, k_l, rtol=1e-5, atol=1e-5)
     assert len(ours) == len(shifted)
+
+
+def test_a_blob_of_two_caches_turns_each_with_its_own_rope(impl):
+    # An iswa model's state: the base cache, then the sliding-window cache, rotated with
+    # different RoPE bases. Each section must equal a one-cache relocation with its own rope.
+    spec = BlobSpec(positions=tuple(range(20, 36)), n_section=2)
+    blob = make_blob(spec)
+    base = dataclasses.replace(spec.rope(), freq_base=1_000_000.0)
+    window = spec.rope()
+    out = bytes(impl.relocate(blob, 77, (base, window)))
+    one = make_blob(dataclasses.replace(spec, n_section=1))  # the same first section (same seed)
+    half = len(blob[8:]) // 2  # both sections have the same size here
+    assert blob[8:8 + half] == one[8:]
+    assert out[8:8 + half] == bytes(impl.relocate(one, 77, base))[8:]
+    second = blob[:8] + blob[8 + half:]
+    assert out[8 + half:] == bytes(impl.relocate(second, 77, window))[8:]
+
+
+@pytest.mark.parametrize("ropes, code", [(1, "unsupported"), (3, "argument")])
+def test_a_blob_of_two_caches_needs_one_rope_each(impl, ropes, code):
+    spec = BlobSpec(n_section=2)
+    with pytest.raises(StateBlobError) as e:
+        impl.relocate(make_blob(spec), 5, tuple([spec.rope()] * ropes))
+    assert e.value.code == code
+
+
+@needs_native
+def test_numpy_and_native_relocate_agree_on_two_caches():
+    spec = BlobSpec(positions=tuple(range(3, 40)), n_section=2, k_type=GGML_F16)
+    blob = _with_special_k(make_blob(spec), dataclasses.replace(spec, n_section=1))
+    ropes = (dataclasses.replace(spec.rope(), freq_base=1_000_000.0), spec.rope(RopeMode.NEOX))
+    for delta in (1, -3, 5000):
+        assert bytes(native.relocate(blob, delta, ropes)) == bytes(state_blob.relocate(blob, delta, ropes))
