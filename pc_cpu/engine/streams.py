@@ -26,12 +26,14 @@ of what its prompt uses (copying 95 MB costs milliseconds).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import replace
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.store import state_blob
+from pc_cpu.store.state_blob import STREAM_COUNT_OFFSET
 
 
 def split_tail(plan: Plan) -> tuple[Plan, tuple[DecodeTokens, ...]]:
@@ -54,14 +56,27 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, 
     their K rotation is still pending in llama.cpp and is applied first (in `scratch`).
     The staging sequence is emptied; the cells it shared stay with their libraries.
     """
+    other_streams = 4 * (prompts.n_stream - 1)  # an empty stream is its cell count, 0
     try:
         if shifted:
             apply_pending_shifts(library, scratch)
-        blob = library.state_get(staging)
+        view = library.state_get_reusing(staging, room_after=other_streams)
     finally:
         library.seq_rm(staging)
     prompts.seq_rm(slot)
-    prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(blob), prompts.n_stream))
+    blob = view[:len(view) - other_streams]
+    try:
+        info = state_blob.scan(blob)
+        if info.n_section == 1 and info.n_stream == 1 and state_blob.order_by_position(blob) is blob:
+            # The common case, without a copy: the cells are in order and all in the first
+            # stream, so only the stream count changes; the empty streams follow (zeroed room).
+            struct.pack_into("<I", view, STREAM_COUNT_OFFSET, prompts.n_stream)
+            prompts.state_set(slot, view)
+        else:
+            prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(bytes(blob)), prompts.n_stream))
+    finally:
+        blob.release()
+        view.release()
 
 
 def full_prefill(prompts: Context, tokens: tuple[int, ...], slot: int) -> int:

@@ -668,12 +668,12 @@ def restream_in_place(blob: bytearray, n_stream: int) -> bytearray:
     info = scan(blob)  # keeps no view of the buffer, which must stay resizable
     if not isinstance(blob, bytearray) or info.n_section != 1 or info.n_stream != 1 or not 1 <= n_stream <= MAX_STREAM:
         return restream(blob, n_stream)
-    struct.pack_into("<I", blob, _STREAM_COUNT_OFFSET, n_stream)  # the cells follow; nothing after them
+    struct.pack_into("<I", blob, STREAM_COUNT_OFFSET, n_stream)  # the cells follow; nothing after them
     blob += bytes(4 * (n_stream - 1))  # the other streams: no cells
     return blob
 
 
-_STREAM_COUNT_OFFSET = 8  # after the magic and the sequence id: the first cache's stream count
+STREAM_COUNT_OFFSET = 8  # after the magic and the sequence id: the first cache's stream count
 
 
 # --- relocate --------------------------------------------------------------------------------
