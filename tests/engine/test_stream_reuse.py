@@ -65,3 +65,24 @@ def test_the_same_documents_again_reuse_the_stream(make_cache, monkeypatch, tmp_
     fresh = make_cache(store=tmp_path / "store")
     alone = fresh.ask("Which key opens the attic?", documents=ids, max_tokens=10)
     assert tails == ["prefill_tail"] and second.token_ids == alone.token_ids
+
+
+def test_state_read_into_the_reused_buffer_is_the_state(make_cache):
+    # move_to_stream reads a prompt's state into a buffer the context keeps; the bytes must be
+    # exactly state_get's, followed by the zeroed room asked for, call after call.
+    cache = make_cache(store=False)
+    ctx = cache.ctx
+    tokens = cache.model.tokenize("One two three four five six seven. " * 8, special=False)
+    ctx.decode(tokens, range(len(tokens)), 0, logits_last=False)
+    short = cache.model.tokenize("Eight nine.", special=False)
+    ctx.decode(short, range(len(short)), 1, logits_last=False)
+    try:
+        for seq, room in ((0, 0), (1, 50), (0, 12)):  # long; shorter, its room over stale bytes; long again
+            view = ctx.state_get_reusing(seq, room_after=room)
+            try:
+                assert bytes(view) == ctx.state_get(seq) + bytes(room)
+            finally:
+                view.release()
+    finally:
+        ctx.seq_rm(0)
+        ctx.seq_rm(1)
