@@ -40,6 +40,14 @@ def cached_logits(cache, question, docs, system=None):
     return logits
 
 
+def home_blob(cache, text):
+    """Returns the cells of `text` added as a document, as encoded at its home (no system message)."""
+    doc = cache.add_document(text)
+    preamble = preamble_tokens(None, cache.model, cache.markup)
+    blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(text, cache.model))
+    return blob
+
+
 def prefill_logits(cache, tokens, splits):
     """Returns the last-token logits of `tokens` computed at 0..n-1 in prompt stream 0, in batches starting at `splits`."""
     edges = sorted({0, *splits, len(tokens)})
@@ -90,9 +98,7 @@ def test_relocating_by_zero_changes_no_byte(cache_with_store):
     cache = cache_with_store()
     if cache._documents.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
-    doc = cache.add_document(PARIS)
-    preamble = preamble_tokens(None, cache.model, cache.markup)
-    blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(PARIS, cache.model))
+    blob = home_blob(cache, PARIS)
     impl = native if native.available() else state_blob
     assert bytes(impl.relocate(blob, 0, cache._documents.ropes)) == blob
 
@@ -221,9 +227,7 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
     cache = cache_with_store()
     if cache._documents.ropes is None:
         pytest.skip("this model's cells are moved by seq_add only (test_a_moved_document_... covers it)")
-    doc = cache.add_document(PARIS)
-    preamble = preamble_tokens(None, cache.model, cache.markup)
-    blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(PARIS, cache.model))
+    blob = home_blob(cache, PARIS)
     by_relocator = cache._documents.move(Piece(blob, 301), empty=0)
     cache._documents.ropes = None
     by_llama = cache._documents.move(Piece(blob, 301), empty=0)
