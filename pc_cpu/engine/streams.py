@@ -65,16 +65,19 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, 
         library.seq_rm(staging)
     prompts.seq_rm(slot)
     blob = view[:len(view) - other_streams]
+    ordered = None
     try:
         info = state_blob.scan(blob)
-        if info.n_section == 1 and info.n_stream == 1 and state_blob.order_by_position(blob) is blob:
+        ordered = state_blob.order_by_position(blob)  # `blob` itself when already in order
+        if info.n_section == 1 and info.n_stream == 1 and ordered is blob:
             # The common case, without a copy: the cells are in order and all in the first
             # stream, so only the stream count changes; the empty streams follow (zeroed room).
             struct.pack_into("<I", view, STREAM_COUNT_OFFSET, prompts.n_stream)
             prompts.state_set(slot, view)
         else:
-            prompts.state_set(slot, state_blob.restream(state_blob.order_by_position(bytes(blob)), prompts.n_stream))
+            prompts.state_set(slot, state_blob.restream(ordered, prompts.n_stream))  # a copy
     finally:
+        ordered = None  # may be `blob`, which is released next
         blob.release()
         view.release()
 
