@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
@@ -168,22 +168,23 @@ def peers(model, threads, quick, as_json):
               help="Answers of another run on the same questions: adds each policy's paired difference to it.")
 @click.option("--gap", type=click.IntRange(0), default=0, show_default=True,
               help="NQ: declare this many other passages as modules before the imported ones, left out.")
-@click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble",
-              show_default=True,
-              help="How modules are encoded (pc_cpu.pml.encoding); with --summary, the plot's label.")
+@click.option("--encoding", "encodings", type=click.Choice(ENCODING_MODES), multiple=True,
+              help="How modules are encoded (pc_cpu.pml.encoding; default preamble). Repeat it to answer "
+                   "each item in every mode from one full prefill; --out then gets the mode before its "
+                   "extension (a_chain.jsonl). With --summary, the plot's label.")
 def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
-              ttft_json, plot, versus_files, gap, encoding):
+              ttft_json, plot, versus_files, gap, encodings):
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
     """
-    from pc_cpu import PromptCache
     from pc_cpu.benchmarks import accuracy as acc, evaldata, recompute as rc
     from pc_cpu.benchmarks.plots import plot_pareto
     from pc_cpu.pml.recompute import parse_policy
 
     for p in policies:
         parse_policy(p)  # a bad policy fails here, before the model loads
+    encodings = tuple(dict.fromkeys(encodings)) or ("preamble",)
     ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
     if summaries:
         answers = rc.read_answers(summaries)
@@ -192,6 +193,7 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
             items = evaldata.doc_items(evaldata.load_nq(), docs, count or 200, seed=0)
             answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
         chosen = list(policies) or rc.policies_in(answers)
+        runs = {encodings[0]: (answers, ttft)}
     else:
         chosen = list(policies) or list(rc.DEFAULT_POLICIES)
         count = (10 if quick else 200) if count is None else count
@@ -203,28 +205,52 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
         else:
             spec, max_tokens = acc.nq_task(docs, chat=not plain), 24
             items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:] if count else []
-        sink = open(out, "a", encoding="utf-8") if out else None
-        try:
-            with PromptCache(model, threads=threads, n_ctx=8192, store=False, encoding=encoding) as cache, \
-                    _bar(len(items), "recompute", as_json) as progress:
-                answers = list(rc.run(cache, items, chosen, task=spec, max_tokens=max_tokens, gap=gap, out=sink,
-                                      progress=progress))
-                if ttft_tokens:
-                    ttft = rc.ttft_by_policy(cache, chosen, target_tokens=ttft_tokens, repeats=1 if quick else 3)
-        finally:
-            if sink:
-                sink.close()
-    rows = rc.summarize(answers, chosen, ttft)
-    if plot and ttft and not plot_pareto(rows, ttft, plot, encoding=encoding):
-        click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
-    text = rc.markdown(rows, ttft) + "\n\nExact matches by gold position:\n\n" + rc.by_position_markdown(
-        answers, chosen) if rows else ""
-    if ttft:
-        text += ("\n\n" if text else "") + rc.ttft_markdown(ttft)
-    versus = rc.versus(answers, rc.read_answers(versus_files), chosen) if versus_files else []
-    if versus:
-        text += "\n\nAgainst the other run (--versus), paired by question:\n\n" + rc.versus_markdown(versus)
-    _emit({"rows": rows, "ttft": ttft, "versus": versus}, text, as_json)
+        runs = _recompute_runs(model, threads, encodings, items, chosen, spec, max_tokens, gap, out, as_json,
+                               ttft_tokens, quick)
+    texts, data = [], {}
+    for mode, (answers, mode_ttft) in runs.items():
+        rows = rc.summarize(answers, chosen, mode_ttft)
+        if plot and mode_ttft and not plot_pareto(rows, mode_ttft, _path_for(plot, mode, encodings), encoding=mode):
+            click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
+        text = rc.markdown(rows, mode_ttft) + "\n\nExact matches by gold position:\n\n" + rc.by_position_markdown(
+            answers, chosen) if rows else ""
+        if mode_ttft:
+            text += ("\n\n" if text else "") + rc.ttft_markdown(mode_ttft)
+        versus = rc.versus(answers, rc.read_answers(versus_files), chosen) if versus_files else []
+        if versus:
+            text += "\n\nAgainst the other run (--versus), paired by question:\n\n" + rc.versus_markdown(versus)
+        texts.append(f"## {mode} encoding\n\n{text}" if len(runs) > 1 else text)
+        data[mode] = {"rows": rows, "ttft": mode_ttft, "versus": versus}
+    _emit(data[encodings[0]] if len(runs) == 1 else {"by_encoding": data}, "\n\n".join(texts), as_json)
+
+
+def _recompute_runs(model, threads, encodings, items, policies, spec, max_tokens, gap, out, as_json, ttft_tokens,
+                    quick) -> dict:
+    """Returns {encoding: (answers, ttft)}: one PromptCache per encoding, each item's full prefill computed once."""
+    from pc_cpu import PromptCache
+    from pc_cpu.benchmarks import recompute as rc
+
+    with ExitStack() as stack:
+        sinks = {mode: stack.enter_context(open(_path_for(out, mode, encodings), "a", encoding="utf-8"))
+                 for mode in encodings} if out else None
+        caches = {mode: stack.enter_context(PromptCache(model, threads=threads, n_ctx=8192, store=False,
+                                                        encoding=mode)) for mode in encodings}
+        answers: dict[str, list] = {mode: [] for mode in encodings}
+        with _bar(len(items), "recompute", as_json) as progress:
+            for mode, answer in rc.run_encodings(caches, items, policies, task=spec, max_tokens=max_tokens,
+                                                 gap=gap, outs=sinks, progress=progress):
+                answers[mode].append(answer)
+        return {mode: (answers[mode], rc.ttft_by_policy(cache, policies, target_tokens=ttft_tokens,
+                                                        repeats=1 if quick else 3) if ttft_tokens else None)
+                for mode, cache in caches.items()}
+
+
+def _path_for(path, mode: str, encodings) -> str | None:
+    """Returns the file for one encoding's output: the path itself when one encoding runs, else a_<mode>.ext."""
+    if path is None or len(encodings) == 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}_{mode}{p.suffix}"))
 
 
 @bench.command()

@@ -42,10 +42,14 @@ class Answer:
     gold_index: int = -1  # where the gold passage is (-1: not recorded, in files of older runs)
 
 
-def answer_item(cache, item, policies, *, task: Task, max_tokens: int, gap_passages: tuple = ()) -> list[Answer]:
-    """Returns the baseline's and every policy's answer to one item, from one encoding of its modules.
+def answer_item(cache, item, policies, *, task: Task, max_tokens: int, gap_passages: tuple = (),
+                baseline=None) -> tuple[list[Answer], object]:
+    """Returns the baseline's and every policy's answer to one item, and the full prefill's Result.
 
-    `gap_passages` are declared as modules before the item's passages and left out of the prompt.
+    All policies answer from one encoding of the item's modules. `gap_passages` are declared as
+    modules before the item's passages and left out of the prompt. `baseline` is the item's
+    full-prefill Result when another cache already computed it: the full prefill does not depend
+    on the encoding, and it is most of an item's time.
     """
     name = f"rq{item.index}"
     schema = task.schema(name, item, "modular", tuple(gap_passages))
@@ -53,7 +57,7 @@ def answer_item(cache, item, policies, *, task: Task, max_tokens: int, gap_passa
     answers = task.answers(item)
     cache.load_schema(schema)
     try:
-        base = cache.generate(prompt, max_tokens=max_tokens, use_cache=False)
+        base = baseline or cache.generate(prompt, max_tokens=max_tokens, use_cache=False)
         module_tokens = _module_tokens(cache.plan(prompt))
         out = [Answer(item.index, "baseline", best_subspan_em(base.text, answers), True, base.ttft_ms, 1.0,
                       item.gold_index)]
@@ -66,7 +70,7 @@ def answer_item(cache, item, policies, *, task: Task, max_tokens: int, gap_passa
                               result.token_ids == base.token_ids, result.ttft_ms, share, item.gold_index))
     finally:
         cache.unload_schema(name)
-    return out
+    return out, base
 
 
 def read_answers(paths) -> list[Answer]:
@@ -228,12 +232,28 @@ def run(cache, items, policies, *, task: Task, max_tokens: int, gap: int = 0, ou
     With `gap`, item i's schema declares the first `gap` passages of item i+1 before its own, as
     modules the prompt leaves out (as the accuracy bench's gap runs do).
     """
+    outs = {"": out} if out is not None else None
+    for _, answer in run_encodings({"": cache}, items, policies, task=task, max_tokens=max_tokens, gap=gap,
+                                   outs=outs, progress=progress):
+        yield answer
+
+
+def run_encodings(caches: dict, items, policies, *, task: Task, max_tokens: int, gap: int = 0, outs=None,
+                  progress=None):
+    """Yields (encoding, answer) for every item under every cache's encoding, from one full prefill per item.
+
+    `caches` maps an encoding mode to a PromptCache made with it; the first one computes each
+    item's full prefill and every other pairs with that same result. `outs` maps a mode to the
+    file its answers (the baseline's included) are appended to as JSON lines.
+    """
     for i, item in enumerate(items):
-        got = answer_item(cache, item, policies, task=task, max_tokens=max_tokens,
-                          gap_passages=gap_fillers(items, i, gap))
-        if out is not None:
-            out.writelines(json.dumps(asdict(a)) + "\n" for a in got)
-            out.flush()
-        yield from got
+        base = None
+        for mode, cache in caches.items():
+            got, base = answer_item(cache, item, policies, task=task, max_tokens=max_tokens,
+                                    gap_passages=gap_fillers(items, i, gap), baseline=base)
+            if outs and outs.get(mode) is not None:
+                outs[mode].writelines(json.dumps(asdict(a)) + "\n" for a in got)
+                outs[mode].flush()
+            yield from ((mode, a) for a in got)
         if progress:
             progress(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import asdict
 
@@ -146,3 +147,32 @@ def test_a_gap_declares_the_next_items_passages_before_the_imported_ones_and_lea
     assert '<module name="g0">' in loaded[0] and "Book 10 was written" in loaded[0]  # item 1's first passage
     assert "Book 00 was written" in loaded[1]  # the last item takes the first item's
     assert all("g0" not in p.modules for p in planned) and all("d0" in p.modules for p in planned)
+
+
+def test_several_encodings_pair_with_one_full_prefill_per_item(make_cache):
+    from pc_cpu.benchmarks.accuracy import nq_task
+    from pc_cpu.benchmarks.evaldata import DocItem, Passage
+    from pc_cpu.benchmarks.recompute import run_encodings
+
+    items = [DocItem(i, f"Who wrote book {i}?", (f"author {i}",),
+                     tuple(Passage(f"T{i}{j}", f"Book {i}{j} was written by author {i}{j}.") for j in range(3)), 1)
+             for i in range(2)]
+    caches = {mode: make_cache(store=False, encoding=mode) for mode in ("preamble", "chain")}
+    full_prefills = []
+    for cache in caches.values():
+        generate = cache.generate
+        cache.generate = lambda prompt, _g=generate, **kw: (
+            full_prefills.append(1) if kw.get("use_cache") is False else None) or _g(prompt, **kw)
+    outs = {mode: io.StringIO() for mode in caches}
+
+    got = list(run_encodings(caches, items, ["0"], task=nq_task(3), max_tokens=3, outs=outs))
+
+    assert len(full_prefills) == len(items)  # not once per encoding
+    assert [(m, a.index, a.policy) for m, a in got] == [
+        (m, i, p) for i in (0, 1) for m in ("preamble", "chain") for p in ("baseline", "0")]
+    baselines = {m: [a for n, a in got if n == m and a.policy == "baseline"] for m in caches}
+    assert baselines["preamble"] == baselines["chain"]  # the same full prefill, written to both files
+    for mode, f in outs.items():
+        lines = [json.loads(line) for line in f.getvalue().splitlines()]
+        assert [(r["index"], r["policy"]) for r in lines] == [(i, p) for i in (0, 1) for p in ("baseline", "0")]
+    assert not any(c.schema_names for c in caches.values())
