@@ -39,7 +39,7 @@ from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens,
-                                  tail_tokens)
+                                  tail_tokens, with_recompute)
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
@@ -348,28 +348,34 @@ class PromptCache:
 
     def ask(self, question: str, *, documents: Sequence[str], system: str | None = None, max_tokens: int = 256,
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (),
-            use_cache: bool = True) -> Result:
+            use_cache: bool = True, recompute: "str | float | RecomputePolicy | None" = None) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
         the question is computed. use_cache=False is the baseline: a full prefill of the
         identical tokens. Result.modules lists the document ids; Result.tiers says which
         tier served each (and "#preamble" the system message's).
+        recompute: which document tokens to compute again after the documents before them,
+        as for `generate` ("tail:32", "10%", "relevant:1", "all"; not "select:"); see
+        pc_cpu.pml.documents.with_recompute. Documents are encoded apart, and this buys back
+        some of what that costs in answers at the price of computing those tokens.
         """
         stream = self.stream_ask(question, documents=documents, system=system, max_tokens=max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                                 use_cache=use_cache)
+                                 use_cache=use_cache, recompute=recompute)
         for _ in stream:
             pass
         return stream.result
 
     def stream_ask(self, question: str, *, documents: Sequence[str], system: str | None = None,
                    max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                   seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True) -> "Stream":
+                   seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
+                   recompute: "str | float | RecomputePolicy | None" = None) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         sampling.validate()
+        policy = parse_policy(recompute)
         if max_tokens < 1:
             raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
         if isinstance(documents, str):
@@ -381,6 +387,8 @@ class PromptCache:
         prompt = layout_documents(preamble_tokens(system, self.model, self.markup),
                                   [(doc.id, self.document_tokens(doc.text)) for doc in docs],
                                   tail_tokens(question, self.model, self.markup))
+        if use_cache:
+            prompt = with_recompute(prompt, policy)
         if prompt.end >= self.prompts.n_ctx:
             raise ContextOverflowError(
                 f"the question over these {len(docs)} documents needs {prompt.end} positions and one more to "

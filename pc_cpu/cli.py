@@ -14,6 +14,7 @@ import click
 
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
+from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 
 EXIT_USAGE = 2
@@ -143,14 +144,17 @@ def _report(result, as_json: bool, what: str) -> None:
 @click.option("--system", default=None, help="A system message, before the documents.")
 @model_option
 @generation_options
+@click.option("--recompute", default=None, help="Document tokens to compute again after the documents before "
+              "them: tail:32, head:8,tail:32, 10%, relevant:1 (the document most like the question), all "
+              "(default: none; documents are encoded apart).")
 @ctx_option
 @threads_option
 @store_option
 @no_store_option
 @json_option
 @verbose_option
-def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, n_ctx, threads,
-        store_dir, no_store, as_json, verbose):
+def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, n_ctx,
+        threads, store_dir, no_store, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -162,11 +166,12 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     if question == "-":
         question = sys.stdin.read()
     files = [(path, _read_document(path)) for path in docs]  # before the model loads: a typo fails fast
+    parse_policy(recompute)
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
         ids, served = _add_documents(pc, files, system)
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                               use_cache=not no_cache)
+                               use_cache=not no_cache, recompute=recompute)
         for piece in stream:
             if not as_json:
                 click.echo(piece, nl=False)

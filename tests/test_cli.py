@@ -327,6 +327,20 @@ def test_ask_no_cache_is_the_full_prefill_baseline(tiny_model_path, doc_files, t
     assert code == 0 and data["use_cache"] is False and data["cached_tokens"] == 0 and data["tiers"] == {}
 
 
+def test_ask_recompute_computes_the_moved_documents_again_and_a_bad_policy_is_one_line(tiny_model_path, doc_files,
+                                                                                    tmp_path, capsys):
+    code, out, _ = run_main(ask_args(tiny_model_path, tmp_path / "store", *doc_files) + ["--json"], capsys)
+    plain = json.loads(out)
+    code_all, out, _ = run_main(ask_args(tiny_model_path, tmp_path / "store", *doc_files)
+                                + ["--recompute", "all", "--json"], capsys)
+    redone = json.loads(out)
+    assert code == code_all == 0
+    assert redone["uncached_tokens"] > plain["uncached_tokens"] and redone["cached_tokens"] < plain["cached_tokens"]
+    code, _, err = run_main(ask_args(tiny_model_path, tmp_path / "store", *doc_files) + ["--recompute", "often"],
+                            capsys)
+    assert code != 0 and "'often' is not a policy" in err and "Traceback" not in err
+
+
 def test_bad_documents_are_one_error_line(tiny_model_path, doc_files, tmp_path, capsys):
     store = tmp_path / "store"
     (tmp_path / "empty.txt").write_text("  \n")

@@ -267,16 +267,23 @@ def _path_for(path, mode: str, encodings) -> str | None:
               help="relocation: questions answered three ways, paired (default 200, quick 10).")
 @click.option("--timing-only", is_flag=True, help="relocation: speed only (run on a quiet machine).")
 @click.option("--no-peers", is_flag=True, help="rag: skip llama-cpp-python's Llama on the same prompts.")
-def documents(what, model, threads, quick, as_json, docs, prompts, count, timing_only, no_peers):
+@click.option("--recompute", "policies", multiple=True,
+              help="rag: also ask every prompt with this recompute policy (repeatable; e.g. relevant:1, 10%), "
+                   "paired with the full prefill.")
+def documents(what, model, threads, quick, as_json, docs, prompts, count, timing_only, no_peers, policies):
     """Documents: the RAG workload (TTFT, adding one, library growth, bytes) or relocation (speed, answers).
 
     Example: pc-cpu bench documents rag --docs 500 --prompts 100 --threads 2
     """
     from pc_cpu.benchmarks import documents as dc
+    from pc_cpu.pml.documents import layout_documents, with_recompute
+    from pc_cpu.pml.recompute import parse_policy
 
+    for policy in policies:  # a bad policy fails here, before the model loads
+        with_recompute(layout_documents((), [], ()), parse_policy(policy))
     job = dc.DocumentsBench(model=model, threads=threads, docs=docs or (60 if quick else 500),
                             prompts=prompts or (10 if quick else 100), n=count or (10 if quick else 200),
-                            timing_only=timing_only, peers=not no_peers)
+                            timing_only=timing_only, peers=not no_peers, recompute=tuple(policies))
     result = dc.rag(job) if what == "rag" else dc.relocation(job)
     _emit(result, dc.markdown(what, result), as_json)
 

@@ -25,7 +25,7 @@ import random
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 import time
 
 import numpy as np
@@ -54,6 +54,7 @@ class DocumentsBench:
     n: int = 200
     timing_only: bool = False
     peers: bool = True
+    recompute: tuple[str, ...] = ()  # rag: policies also asked at the full library (ask(recompute=...)), paired
 
 
 def correct(text: str, answers) -> bool:
@@ -149,6 +150,8 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
     rng = random.Random(len(library))
     n = job.prompts if full else min(job.prompts, 20)
     cached_ms, baseline_ms, tail_ms, hits_c, hits_b, same, token_lists = [], [], [], 0, 0, 0, []
+    by_policy: dict[str, list[tuple[float, bool, bool, int]]] = {}
+    correct_full: list[bool] = []
     for k in range(n):
         gold = rng.randrange(len(library))
         others = rng.sample([i for i in range(len(library)) if i != gold], 4)
@@ -163,7 +166,13 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
             baseline_ms.append(baseline.ttft_ms)
             hits_c += correct(cached.text, q.answers)
             hits_b += correct(baseline.text, q.answers)
+            correct_full.append(correct(baseline.text, q.answers))
             same += cached.token_ids == baseline.token_ids
+            for policy in job.recompute:
+                redone = pc.ask(q.question, documents=docs, system=SYSTEM, max_tokens=24, recompute=policy)
+                by_policy.setdefault(policy, []).append(
+                    (redone.ttft_ms, correct(redone.text, q.answers), redone.token_ids == baseline.token_ids,
+                     redone.uncached_tokens))
             tail_ms.append(uncached_only_ms(pc, q.question, docs))
             token_lists.append(list(_prompt(pc, q.question, docs).tokens))
     result = {"cached_p50_ms": pct(cached_ms, 50), "cached_p95_ms": pct(cached_ms, 95), "n": n}
@@ -174,6 +183,13 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
             "uncached_only_p50_ms": pct(tail_ms, 50), "cached_vs_uncached_only": pct(cached_ms, 50) / pct(tail_ms, 50),
             "accuracy_cached": hits_c / n, "accuracy_full": hits_b / n, "identical_answers": same / n,
             "token_lists": token_lists,
+            "recompute": {policy: {"p50_ms": pct([r[0] for r in rows], 50),
+                                   "speedup_p50": pct(baseline_ms, 50) / pct([r[0] for r in rows], 50),
+                                   "accuracy": sum(r[1] for r in rows) / n, "identical_answers": sum(r[2] for r in rows) / n,
+                                   "computed_tokens_mean": statistics.mean(r[3] for r in rows),
+                                   "vs_full_prefill": asdict(paired_difference([r[1] for r in rows],
+                                                                               correct_full))}
+                          for policy, rows in by_policy.items()},
         })
     return result
 
@@ -363,6 +379,12 @@ def _rag_rows(r: dict) -> list[tuple[str, str]]:
         ("accuracy cached / full prefill", f"{full['accuracy_cached']:.0%} / {full['accuracy_full']:.0%} (n = {full['n']})"),
         ("answers token-identical to the full prefill", f"{full['identical_answers']:.0%}"),
     ]
+    for policy, got in full.get("recompute", {}).items():
+        d = got["vs_full_prefill"]
+        rows.append((f"recompute {policy}: accuracy, vs full prefill, TTFT p50 (speedup), tokens computed",
+                     f"{got['accuracy']:.0%}, {d['estimate'] * 100:+.1f} pts [{d['low'] * 100:+.1f}, "
+                     f"{d['high'] * 100:+.1f}], {got['p50_ms']:.0f} ms ({got['speedup_p50']:.1f}x), "
+                     f"{got['computed_tokens_mean']:.0f}"))
     for name, peer in r.get("peers", {}).items():
         rows.append((f"{name}, TTFT p50 / p95", f"{peer['p50_ms']:.0f} / {peer['p95_ms']:.0f} ms"))
     return rows

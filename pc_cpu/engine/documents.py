@@ -148,12 +148,54 @@ class DocumentEncoder:
         The last tail token's logits are then ready to sample from.
         """
         self.prompts.seq_rm(slot)
-        joined = splice_blobs([self.move(piece, slot) for piece in pieces])
+        moved = [self.move(piece, slot) for piece in pieces]
+        if prompt.recomputed:
+            moved = self._recompute(prompt, moved, slot)
+        joined = splice_blobs(moved)
         blob = bytearray(joined) if not isinstance(joined, bytearray) else joined  # one piece: not the stored bytes
         self.prompts.state_set(slot, state_blob.restream_in_place(blob, self.prompts.n_stream))
         start = prompt.tail_start
         self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
         return prompt.end
+
+    def _recompute(self, prompt: DocumentPrompt, moved: list, empty: int) -> list:
+        """Returns blobs holding the prompt's cells before its tail, with `prompt.recomputed` computed again.
+
+        `moved` are the preamble's and documents' cells at their prompt positions. Each run is
+        decoded in the workspace stream after every cell before it, cached or computed by an
+        earlier run, as a full prefill would compute it. llama.cpp decodes a sequence only at
+        the position after its last cell, so the cells before a run are restored alone and the
+        cached cells after it are cut from their piece (in `empty`, a free stream).
+        """
+        spans = [(0, prompt.home)] + [(doc.start, doc.end) for doc in prompt.documents]
+        tokens = prompt.tokens
+        ws = self.workspace
+
+        def cached(lo: int, hi: int) -> list:
+            return [blob if lo <= s and e <= hi else self._cut(blob, max(s, lo), min(e, hi), empty)
+                    for blob, (s, e) in zip(moved, spans) if s < hi and e > lo]
+
+        parts, cursor = [], 0
+        try:
+            for start, end in prompt.recomputed:
+                parts += cached(cursor, start)
+                self.prompts.state_set(ws, state_blob.restream_in_place(bytearray(splice_blobs(parts)),
+                                                                         self.prompts.n_stream))
+                self.prompts.decode(tokens[start:end], range(start, end), ws, logits_last=False)
+                parts, cursor = [state_blob.restream(self.prompts.state_get(ws), 1)], end
+        finally:
+            self.prompts.seq_rm(ws)
+        return parts + cached(cursor, prompt.tail_start)
+
+    def _cut(self, blob, lo: int, hi: int, empty: int) -> bytearray:
+        """Returns the cells of `blob` at positions [lo, hi), cut by llama.cpp in the free stream `empty`."""
+        try:
+            self.prompts.state_set(empty, state_blob.restream(blob, self.prompts.n_stream))
+            self.prompts.seq_rm(empty, 0, lo)
+            self.prompts.seq_rm(empty, hi, -1)
+            return state_blob.restream(self.prompts.state_get(empty), 1)
+        finally:
+            self.prompts.seq_rm(empty)
 
     def move(self, piece: Piece, empty: int) -> bytes | bytearray:
         """Returns the piece's cells moved into place: by the relocator, else by llama.cpp (`empty`: a free stream)."""
@@ -207,7 +249,7 @@ class DocumentWork:
         return self.encoder.prefill(self.prompt, pieces, slot)
 
     def head(self) -> tuple[tuple, int] | None:
-        if not self.use_cache:
+        if not self.use_cache or self.prompt.recomputed:  # recomputed cells: not what the keys say
             return None
         starts = (0,) + tuple(doc.start for doc in self.prompt.documents)
         return tuple(zip(self._keys, starts)), self.prompt.tail_start
@@ -231,5 +273,5 @@ class DocumentWork:
     def counts(self) -> tuple[int, int, list[str]]:
         ids = [doc.id for doc in self.prompt.documents]
         if self.use_cache:
-            return self.prompt.cached_tokens, len(self.prompt.tail), ids
+            return self.prompt.cached_tokens, len(self.prompt.tail) + self.prompt.recomputed_tokens, ids
         return 0, len(self.prompt.tokens), ids

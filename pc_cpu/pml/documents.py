@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import content_digest
+from pc_cpu.pml.recompute import RecomputePolicy, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.pml.tokenizer import Tokenizer
 
@@ -87,6 +89,7 @@ class DocumentPrompt:
     preamble: tuple[int, ...]  # at positions 0..home-1
     documents: tuple[PlacedDocument, ...]  # back to back from `home`, in the caller's order
     tail: tuple[int, ...]  # computed for every prompt, after the documents
+    recomputed: tuple[tuple[int, int], ...] = ()  # document positions [start, end) computed again, in order
 
     @property
     def home(self) -> int:
@@ -109,7 +112,11 @@ class DocumentPrompt:
 
     @property
     def cached_tokens(self) -> int:
-        return len(self.preamble) + sum(len(d.tokens) for d in self.documents)
+        return len(self.preamble) + sum(len(d.tokens) for d in self.documents) - self.recomputed_tokens
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(end - start for start, end in self.recomputed)
 
 
 def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],
@@ -120,3 +127,37 @@ def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple
         placed.append(PlacedDocument(doc_id, tokens, position))
         position += len(tokens)
     return DocumentPrompt(preamble, tuple(placed), tail)
+
+
+def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentPrompt:
+    """Returns the prompt with the document positions `policy` computes again (pc_cpu.pml.recompute).
+
+    As in a schema prompt, recomputed tokens are computed in position order, each after
+    every cell before it, so they attend to the documents before their own. The first
+    document is left out: it sits at its home, after the preamble it was encoded after, so
+    its cells already are the full prefill's. `relevant:K` ranks every document against
+    the question's tokens (a first document among the K adds nothing).
+
+    Raises:
+        PromptCacheError: `select:` asks for a probe of the assembled prompt, which only
+            schema prompts have.
+    """
+    if policy.select:
+        raise PromptCacheError("recompute 'select:…' is for schema prompts; with documents use head:K, tail:K, "
+                               "a fraction such as 10%, relevant:K, or all")
+    chosen: set[int] = set()
+    for doc in prompt.documents[1:]:
+        chosen |= policy.choose(list(range(doc.start, doc.end)))
+    ranked = most_relevant({str(i): doc.tokens for i, doc in enumerate(prompt.documents)}, prompt.tail,
+                           policy.relevant)
+    for i in ranked:
+        if i != "0":
+            doc = prompt.documents[int(i)]
+            chosen |= set(range(doc.start, doc.end))
+    runs: list[tuple[int, int]] = []
+    for p in sorted(chosen):
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return DocumentPrompt(prompt.preamble, prompt.documents, prompt.tail, tuple(runs))

@@ -23,8 +23,6 @@ the preamble follows the modules, then the prompt's own text.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -32,7 +30,7 @@ from pc_cpu.errors import ArgumentTooLongError, PromptError
 from pc_cpu.pml.encoding import scaffold_key
 from pc_cpu.pml.layout import ROOT, Layout, ModuleLayout, Piece
 from pc_cpu.pml.prompt import Import, Prompt
-from pc_cpu.pml.recompute import NO_RECOMPUTE, RecomputePolicy
+from pc_cpu.pml.recompute import NO_RECOMPUTE, RecomputePolicy, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.pml.tokenizer import Tokenizer
 
@@ -323,24 +321,13 @@ def _recomputed_positions(layout: Layout, imported, policy: RecomputePolicy) -> 
 
 
 def _relevant_positions(layout: Layout, imported, count: int, query: list[int]) -> frozenset[tuple[str, int]]:
-    """Returns every (module, cached position) of the `count` imported modules most like the prompt's own text.
-
-    A module's score is the sum, over distinct query tokens it contains, of log(1 + M / df):
-    tokens that every module has (markup, "the") count little. Ties go to the earlier module.
-    """
+    """Returns every (module, cached position) of the `count` imported modules most like the prompt's own text."""
     if not count or not query:
         return frozenset()
     cached = {name: [(p, t) for piece in layout.modules[name].pieces if layout.is_cached(name, piece)
                      for p, t in zip(range(piece.start, piece.end), piece.tokens)]
-              for name in imported if name != ROOT}
-    vocab = {name: {t for _, t in cells} for name, cells in cached.items() if cells}
-    df = Counter(t for tokens in vocab.values() for t in tokens)
-    wanted = set(query)
-
-    def score(name: str) -> float:
-        return sum(math.log(1 + len(vocab) / df[t]) for t in wanted & vocab[name])
-
-    top = sorted(vocab, key=lambda name: (-score(name), layout.modules[name].start))[:count]
+              for name in sorted((n for n in imported if n != ROOT), key=lambda n: layout.modules[n].start)}
+    top = most_relevant({name: [t for _, t in cells] for name, cells in cached.items()}, query, count)
     return frozenset((name, p) for name in top for p, _ in cached[name])
 
 

@@ -28,6 +28,9 @@ Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pc_cpu.errors import PromptCacheError
@@ -68,6 +71,25 @@ class RecomputePolicy:
 
 
 NO_RECOMPUTE = RecomputePolicy()
+
+
+def most_relevant(candidates: Mapping[str, Sequence[int]], query: Sequence[int], count: int) -> list[str]:
+    """Returns the `count` candidates (name -> tokens, in prompt order) sharing the most, and rarest, query tokens.
+
+    A candidate's score is the sum, over distinct query tokens it contains, of log(1 + M / df):
+    tokens that every candidate has (markup, "the") count little. Ties go to the earlier candidate.
+    """
+    if not count or not query:
+        return []
+    vocab = {name: set(tokens) for name, tokens in candidates.items() if tokens}
+    df = Counter(t for tokens in vocab.values() for t in tokens)
+    wanted = set(query)
+    order = {name: i for i, name in enumerate(vocab)}
+
+    def score(name: str) -> float:
+        return sum(math.log(1 + len(vocab) / df[t]) for t in wanted & vocab[name])
+
+    return sorted(vocab, key=lambda name: (-score(name), order[name]))[:count]
 
 
 def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolicy:

@@ -114,8 +114,6 @@ class ChatRequest(SamplingRequest):
             return self
         if self.schema_name is not None:
             raise ValueError("send `schema` or `documents`, not both: a question over documents uses no schema")
-        if self.recompute is not None:
-            raise ValueError("`recompute` applies to schema prompts only; leave it out with `documents`")
         roles = [message.role for message in self.messages]
         if roles[-1] != "user" or any(role not in SYSTEM_ROLES for role in roles[:-1]):
             raise ValueError("with `documents`, send any system (or developer) messages, then one user message, "
@@ -126,8 +124,6 @@ class ChatRequest(SamplingRequest):
         options = super().options()
         if self.max_tokens is None and self.max_completion_tokens is not None:
             options["max_tokens"] = self.max_completion_tokens
-        if self.documents is not None:
-            del options["recompute"]  # PromptCache.ask takes none (the validator refused one)
         return options
 
     def question(self) -> tuple[str, str | None]:

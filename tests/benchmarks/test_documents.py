@@ -25,11 +25,14 @@ def nq_data(tmp_path, monkeypatch):
 
 def test_rag_reports_ttft_growth_bytes_and_adding_one(nq_data, tiny_model_path, tmp_path, capsys):
     args = ["bench", "documents", "rag", "--model", str(tiny_model_path), "--docs", "8", "--prompts", "3",
-            "--no-peers", "--json"]
+            "--no-peers", "--recompute", "all", "--json"]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
     r = json.loads(out)
     full = r["by_library_size"]["8"]
+    redone = full["recompute"]["all"]
+    assert redone["identical_answers"] == 1.0  # every moved document computed again: the full prefill's answers
+    assert redone["accuracy"] == full["accuracy_full"] and redone["vs_full_prefill"]["estimate"] == 0.0
     assert r["docs"] == 8 and full["n"] == 3 and "peers" not in r
     assert r["resident_cells"] == 0  # documents live in the byte tiers only
     assert r["ram_bytes"] > 0 and r["disk_bytes"] > 0 and r["library_tokens"] > 8 * 5

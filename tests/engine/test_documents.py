@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from pc_cpu.engine.documents import DocumentWork, Piece
-from pc_cpu.errors import ContextOverflowError, DocumentError, UnknownDocumentError
-from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
+from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens, with_recompute
+from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.store import native, state_blob
+from tests.engine.conftest import skip_on_sliding_window
 from tests.engine.test_scaffold import layer0_keys
 
 PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
@@ -30,14 +32,16 @@ def _prompt(cache, question, docs, system=None):
                             tail_tokens(question, cache.model, cache.markup))
 
 
-def cached_logits(cache, question, docs, system=None):
-    """Returns the last-token logits of the cached document prompt, built in prompt stream 0."""
-    work = DocumentWork(_prompt(cache, question, docs, system), cache._documents, True)
+def cached_logits(cache, question, docs, system=None, recompute=None, *, state=False):
+    """Returns the last-token logits of the cached document prompt, built in prompt stream 0 (and its state)."""
+    prompt = with_recompute(_prompt(cache, question, docs, system), parse_policy(recompute))
+    work = DocumentWork(prompt, cache._documents, True)
     work.prepare()
     work.prefill(0)
     logits = cache.prompts.logits()
+    blob = state_blob.restream(cache.prompts.state_get(0), 1) if state else None
     cache.prompts.seq_rm(0)
-    return logits
+    return (logits, blob) if state else logits
 
 
 def home_blob(cache, text):
@@ -144,6 +148,68 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     bound = 0.08 if cache.model.info.n_swa else 0.05
     assert np.abs(cached - computed_there).max() < bound * np.abs(computed_there).max()
     assert np.argmax(cached) == np.argmax(computed_there)
+
+
+def test_recomputing_every_moved_document_equals_the_full_prefill_bit_for_bit(cache_with_store):
+    # "all": the documents after the first are computed again, in one run after the first
+    # document's cells (its encoded ones: already the full prefill's), so the prompt is a full
+    # prefill computed in these batches.
+    cache = cache_with_store()
+    skip_on_sliding_window(cache)
+    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
+    prompt = _prompt(cache, QUESTION, ids)
+    cached = cached_logits(cache, QUESTION, ids, recompute="all")
+    full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
+    assert np.array_equal(cached, full)
+    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all")
+    assert result.uncached_tokens == len(prompt.tail) + len(prompt.tokens) - prompt.documents[1].start - len(prompt.tail)
+
+
+def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_encoded(cache_with_store):
+    # head:3 computes the moved document's first 3 tokens again after the first document. Their
+    # cells must be exactly those of a full prefill computed in the same batches (the first
+    # document's encoded cells are that prefill's), and every other cell must keep the bytes of
+    # the moved encoding, the cut around the run included.
+    cache = cache_with_store()
+    skip_on_sliding_window(cache)
+    ids = [cache.add_document(text) for text in (FUJI, PARIS)]
+    prompt = _prompt(cache, QUESTION, ids)
+    moved_doc = prompt.documents[1]
+    redo = range(moved_doc.start, moved_doc.start + 3)
+    _, recomputed = cached_logits(cache, QUESTION, ids, recompute="head:3", state=True)
+    _, plain = cached_logits(cache, QUESTION, ids, state=True)
+    edges = [0, prompt.home, moved_doc.start, redo.stop, prompt.end]
+    for lo, hi in zip(edges, edges[1:]):
+        cache.prompts.decode(prompt.tokens[lo:hi], range(lo, hi), 0, logits_last=False)
+    full = state_blob.restream(cache.prompts.state_get(0), 1)
+    cache.prompts.seq_rm(0)
+
+    def k1(blob):  # layer 1: shaped by attention at layer 0, so by what a token saw
+        pos, k, _ = state_blob.layer_kv(blob, 1)
+        return {int(p): row for p, row in zip(pos, k)}
+
+    got, before, want = k1(recomputed), k1(plain), k1(full)
+    assert sorted(got) == sorted(before) == list(range(prompt.end))
+    for p in redo:
+        assert np.array_equal(got[p], want[p]), p
+    assert any(not np.array_equal(before[p], want[p]) for p in redo)  # the encoded cells had not seen FUJI
+    for p in range(prompt.tail_start):
+        if p not in redo:
+            assert np.array_equal(got[p], before[p]), p
+
+
+def test_relevant_recomputes_the_document_most_like_the_question(cache_with_store):
+    cache = cache_with_store()
+    ids = [cache.add_document(text) for text in (FUJI, PARIS, NILE)]
+    prompt = _prompt(cache, QUESTION, ids)
+    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="relevant:1")
+    paris = prompt.documents[1]
+    assert result.uncached_tokens == len(prompt.tail) + len(paris.tokens)
+    assert result.cached_tokens == prompt.cached_tokens - len(paris.tokens)
+    with pytest.raises(PromptCacheError, match="select"):
+        cache.ask(QUESTION, documents=ids, recompute="select:10%")
+    with pytest.raises(PromptCacheError, match="sometimes"):
+        cache.ask(QUESTION, documents=ids, recompute="sometimes")
 
 
 def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):

@@ -165,13 +165,18 @@ def test_other_conversation_shapes_with_documents_are_422_saying_which_shape_wor
     assert "with `documents`, send any system (or developer) messages, then one user message" in error["message"]
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    ({"schema": "s"}, "not both"),
-    ({"recompute": "all"}, "`recompute` applies to schema prompts only"),
-])
-def test_documents_do_not_mix_with_schema_options(http, library, extra, fragment):
-    error = _error(http.post("/v1/chat/completions", json=_chat([library[0]], **extra)), 422)
-    assert fragment in error["message"]
+def test_documents_do_not_mix_with_a_schema(http, library):
+    error = _error(http.post("/v1/chat/completions", json=_chat([library[0]], schema="s")), 422)
+    assert "not both" in error["message"]
+
+
+def test_recompute_with_documents_answers_as_ask_does_and_a_bad_one_is_a_400(http, library, doc_cache):
+    expected = doc_cache.ask("What floats?", documents=list(library), system=SYSTEM, max_tokens=6, recompute="all")
+    body = http.post("/v1/chat/completions", json=_chat(list(library), recompute="all")).json()
+    assert body["choices"][0]["message"]["content"] == expected.text
+    assert body["usage"]["uncached_tokens"] == expected.uncached_tokens > len(doc_cache.document_tokens(TRAINS))
+    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), recompute="select:10%")), 400)
+    assert "head:K, tail:K" in error["message"]
 
 
 def test_chat_without_schema_or_documents_is_422_naming_both(http):
