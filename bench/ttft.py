@@ -30,12 +30,16 @@ from pc_cpu.demo import DOCS
 SETTINGS = ("resident", "ram", "disk", "full_prefill")
 
 
-def document_modules(pc: PromptCache, target_tokens: int) -> list[tuple[str, str]]:
-    """Returns (name, text) modules, rotations of the demo documents, adding up to ~target_tokens."""
+def document_modules(pc: PromptCache, target_tokens: int, texts_per_module: int = 0) -> list[tuple[str, str]]:
+    """Returns (name, text) modules, rotations of the demo documents, adding up to ~target_tokens.
+
+    Each module joins `texts_per_module` demo documents (0: all of them).
+    """
     texts = list(DOCS.values())
+    per_module = texts_per_module or len(texts)
     modules, total, i = [], 0, 0
     while total < target_tokens:
-        text = " ".join(texts[(i + k) % len(texts)] for k in range(len(texts)))
+        text = " ".join(texts[(i + k) % len(texts)] for k in range(per_module))
         modules.append((f"part{i}", text))
         total += len(pc.model.tokenize(text, special=False))
         i += 1

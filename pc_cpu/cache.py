@@ -121,12 +121,12 @@ class PromptCache:
         self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None)
         self._document_tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
         self._document_tokens_lock = threading.Lock()
-        rope = _movable_rope(self.model)
-        self._documents = DocumentEncoder(self.prompts, parallel, self.store, _cache_ropes(self.model))
+        ropes = _cache_ropes(self.model)
+        self._documents = DocumentEncoder(self.prompts, parallel, self.store, ropes)
         # Sliding-window models keep encoding in the library: their long runs rely on the pin there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
-                                   mode=self.encoding, workspace=workspace, rope=rope)
+                                   mode=self.encoding, workspace=workspace, rope=ropes)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock)
 
@@ -461,9 +461,11 @@ class PromptCache:
 
 
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
-    """Returns the RoPE of each KV cache in a saved state (documents are relocated with them), or None.
+    """Returns the RoPE of each KV cache in a saved state (moved cells are relocated with them), or None.
 
-    None: cells are moved with llama.cpp's seq_add instead (pc_cpu.engine.documents).
+    None, for a RoPE the relocator does not know (pc_cpu.store.state_blob.RopeMode) or a
+    sliding-window architecture whose second base was not checked: cells are moved with
+    llama.cpp's seq_add instead (pc_cpu.engine.documents, pc_cpu.engine.relocate.copy_moved).
     """
     try:
         return model.cache_ropes()
@@ -472,20 +474,6 @@ def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
 
 
 _DOCUMENT_TOKENS_KEPT = 4096  # documents whose tokens are kept (~1 KB each at 150 tokens)
-
-
-def _movable_rope(model: Model) -> RopeParams | None:
-    """Returns the model's RoPE when saved cells can be moved (relocated) for it, else None.
-
-    A sliding-window model keeps two KV caches per layer, which the relocator does not
-    rewrite; a RoPE it does not know (pc_cpu.store.state_blob.RopeMode) cannot be redone.
-    """
-    if model.info.n_swa:
-        return None
-    try:
-        return model.rope()
-    except ValueError:
-        return None
 
 
 def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:

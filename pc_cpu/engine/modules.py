@@ -39,7 +39,7 @@ class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
     def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
-                 mode: str, workspace: Workspace | None = None, rope: RopeParams | None = None):
+                 mode: str, workspace: Workspace | None = None, rope: tuple[RopeParams, ...] | None = None):
         self.ctx = ctx
         self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
         self.resident = resident
@@ -47,7 +47,7 @@ class ModuleCache:
         self.scratch = scratch
         self.pin = pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
-        self.rope = rope  # how to move cells for prompts that place modules elsewhere; None: llama.cpp's seq_add
+        self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key

@@ -4,8 +4,8 @@ Two ways, measured against each other by `pc-cpu bench documents relocation` (be
 - the C relocator (pc_cpu.store.native, numpy twin in state_blob) rewrites a state
   blob's bytes: ~4x faster than llama.cpp's way, and the hot path;
 - llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:
-  the fallback for caches the relocator does not rewrite (a sliding-window model keeps
-  two caches per layer).
+  the fallback for RoPEs the relocator does not know, and for sliding-window
+  architectures whose second RoPE base was not checked (pc_cpu.engine.model.cache_ropes).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def splice_blobs(blobs: list[BlobLike]) -> BlobLike:
 
 
 def copy_moved(ctx: Context, source: int, start: int, end: int, delta: int, dest: int, *, scratch: int,
-               rope: RopeParams | None) -> bool:
+               rope: RopeParams | tuple[RopeParams, ...] | None) -> bool:
     """Puts a private copy of `source`'s cells at [start, end), moved by `delta`, into sequence `dest`.
 
     `source`'s cells stay where they are (other prompts may share them). Returns True when the
     copy's K rotation is still pending in llama.cpp (the seq_add fallback, used when `rope` is
-    None): apply_pending_shifts, or any decode, applies it.
+    None): apply_pending_shifts, or any decode, applies it. `rope`: as for relocate_blob.
     """
     ctx.seq_rm(scratch)
     try:
