@@ -39,7 +39,7 @@ from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownSchemaError
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens,
-                                  tail_tokens, with_recompute)
+                                  tail_tokens, check_document_policy, with_recompute)
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
@@ -375,7 +375,7 @@ class PromptCache:
         t0 = time.perf_counter()
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         sampling.validate()
-        policy = parse_policy(recompute)
+        policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
         if max_tokens < 1:
             raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
         if isinstance(documents, str):

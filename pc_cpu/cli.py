@@ -14,6 +14,7 @@ import click
 
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
+from pc_cpu.pml.documents import check_document_policy
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 
@@ -166,7 +167,7 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     if question == "-":
         question = sys.stdin.read()
     files = [(path, _read_document(path)) for path in docs]  # before the model loads: a typo fails fast
-    parse_policy(recompute)
+    check_document_policy(parse_policy(recompute))
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
         ids, served = _add_documents(pc, files, system)
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,

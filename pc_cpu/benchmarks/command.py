@@ -276,11 +276,11 @@ def documents(what, model, threads, quick, as_json, docs, prompts, count, timing
     Example: pc-cpu bench documents rag --docs 500 --prompts 100 --threads 2
     """
     from pc_cpu.benchmarks import documents as dc
-    from pc_cpu.pml.documents import layout_documents, with_recompute
+    from pc_cpu.pml.documents import check_document_policy
     from pc_cpu.pml.recompute import parse_policy
 
     for policy in policies:  # a bad policy fails here, before the model loads
-        with_recompute(layout_documents((), [], ()), parse_policy(policy))
+        check_document_policy(parse_policy(policy))
     job = dc.DocumentsBench(model=model, threads=threads, docs=docs or (60 if quick else 500),
                             prompts=prompts or (10 if quick else 100), n=count or (10 if quick else 200),
                             timing_only=timing_only, peers=not no_peers, recompute=tuple(policies))

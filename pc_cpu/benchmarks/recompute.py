@@ -226,21 +226,12 @@ def ttft_markdown(ttft: dict) -> str:
     return "\n".join(lines)
 
 
-def run(cache, items, policies, *, task: Task, max_tokens: int, gap: int = 0, out=None, progress=None):
-    """Yields the answers of every item (see answer_item); appends each as a JSON line to `out` when given.
-
-    With `gap`, item i's schema declares the first `gap` passages of item i+1 before its own, as
-    modules the prompt leaves out (as the accuracy bench's gap runs do).
-    """
-    outs = {"": out} if out is not None else None
-    for _, answer in run_encodings({"": cache}, items, policies, task=task, max_tokens=max_tokens, gap=gap,
-                                   outs=outs, progress=progress):
-        yield answer
-
-
 def run_encodings(caches: dict, items, policies, *, task: Task, max_tokens: int, gap: int = 0, outs=None,
                   progress=None):
     """Yields (encoding, answer) for every item under every cache's encoding, from one full prefill per item.
+
+    With `gap`, item i's schema declares the first `gap` passages of item i+1 before its own, as
+    modules the prompt leaves out (as the accuracy bench's gap runs do).
 
     `caches` maps an encoding mode to a PromptCache made with it; the first one computes each
     item's full prefill and every other pairs with that same result. `outs` maps a mode to the

@@ -129,6 +129,17 @@ def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple
     return DocumentPrompt(preamble, tuple(placed), tail)
 
 
+def check_document_policy(policy: RecomputePolicy) -> RecomputePolicy:
+    """Returns `policy` if a question over documents can use it; raises naming the ones it can.
+
+    `select:` asks for a probe of an assembled schema prompt, which documents do not have.
+    """
+    if policy.select:
+        raise PromptCacheError("recompute 'select:…' is for schema prompts; with documents use head:K, tail:K, "
+                               "a fraction such as 10%, relevant:K, or all")
+    return policy
+
+
 def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentPrompt:
     """Returns the prompt with the document positions `policy` computes again (pc_cpu.pml.recompute).
 
@@ -139,12 +150,9 @@ def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentP
     the question's tokens (a first document among the K adds nothing).
 
     Raises:
-        PromptCacheError: `select:` asks for a probe of the assembled prompt, which only
-            schema prompts have.
+        PromptCacheError: a policy documents cannot use (check_document_policy).
     """
-    if policy.select:
-        raise PromptCacheError("recompute 'select:…' is for schema prompts; with documents use head:K, tail:K, "
-                               "a fraction such as 10%, relevant:K, or all")
+    check_document_policy(policy)
     chosen: set[int] = set()
     for doc in prompt.documents[1:]:
         chosen |= policy.choose(list(range(doc.start, doc.end)))

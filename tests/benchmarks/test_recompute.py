@@ -102,12 +102,12 @@ def test_positions_table_counts_exact_matches_per_gold_position():
 def test_kv_items_are_swept_with_every_policy_paired_on_one_encoding(make_cache):
     from pc_cpu.benchmarks.accuracy import kv_task
     from pc_cpu.benchmarks.evaldata import KVItem
-    from pc_cpu.benchmarks.recompute import run
+    from pc_cpu.benchmarks.recompute import run_encodings
 
     pairs = tuple((f"key-{k}", f"value-{k}") for k in range(3))
     items = [KVItem(i, pairs, f"key-{i}", f"value-{i}", i) for i in range(2)]
     cache = make_cache(store=False)
-    answers = list(run(cache, items, ["0", "all"], task=kv_task(3, 1), max_tokens=3))
+    answers = [a for _, a in run_encodings({"preamble": cache}, items, ["0", "all"], task=kv_task(3, 1), max_tokens=3)]
     assert [(a.index, a.policy) for a in answers] == [(i, p) for i in (0, 1) for p in ("baseline", "0", "all")]
     share = {a.policy: a.recomputed_share for a in answers}
     assert share == {"baseline": 1.0, "0": 0.0, "all": 1.0}
@@ -130,7 +130,7 @@ def test_versus_pairs_each_policy_with_the_other_runs_answers_by_question():
 def test_a_gap_declares_the_next_items_passages_before_the_imported_ones_and_leaves_them_out(make_cache):
     from pc_cpu.benchmarks.accuracy import nq_task
     from pc_cpu.benchmarks.evaldata import DocItem, Passage
-    from pc_cpu.benchmarks.recompute import run
+    from pc_cpu.benchmarks.recompute import run_encodings
 
     items = [DocItem(i, f"Who wrote book {i}?", (f"author {i}",),
                      tuple(Passage(f"T{i}{j}", f"Book {i}{j} was written by author {i}{j}.") for j in range(2)), 0)
@@ -141,7 +141,7 @@ def test_a_gap_declares_the_next_items_passages_before_the_imported_ones_and_lea
     cache.load_schema = lambda pml, **kw: loaded.append(pml) or load(pml, **kw)
     cache.plan = lambda prompt, **kw: planned.append(plan(prompt, **kw)) or planned[-1]
 
-    answers = list(run(cache, items, ["0"], task=nq_task(2), max_tokens=2, gap=1))
+    answers = [a for _, a in run_encodings({"preamble": cache}, items, ["0"], task=nq_task(2), max_tokens=2, gap=1)]
 
     assert [a.policy for a in answers] == ["baseline", "0"] * 2
     assert '<module name="g0">' in loaded[0] and "Book 10 was written" in loaded[0]  # item 1's first passage
