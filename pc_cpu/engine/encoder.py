@@ -7,6 +7,7 @@ from typing import Callable
 from dataclasses import dataclass
 
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.relocate import relocate_blob
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, scaffold_job
 from pc_cpu.pml.layout import Layout
@@ -67,6 +68,13 @@ def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, 
     library cells sit wherever earlier encodings, evictions and restores left room, so the
     same run computed there could differ in its last bits from one history to another.
     """
+    blob = compute_in_workspace(ctx, job, workspace, on_computed=on_computed)
+    place_blob(ctx, blob, job.run.start, job.run.end, scratch=scratch, library=library, pin=pin)
+
+
+def compute_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *,
+                         on_computed: OnComputed | None = None) -> bytes:
+    """Returns the state blob (in `ctx`'s stream layout) of the job's run, computed after its context from slot 0."""
     work, seq = workspace.ctx, workspace.seq
     run = job.run
     work.seq_rm(seq)
@@ -79,16 +87,36 @@ def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, 
                     after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
         if job.context:
             work.seq_rm(seq, job.first_position, run.start)
-        blob = state_blob.restream(work.state_get(seq), ctx.n_stream)
+        return bytes(state_blob.restream(work.state_get(seq), ctx.n_stream))
     finally:
         work.seq_rm(seq)
+
+
+def place_blob(ctx: Context, blob, start: int, end: int, *, scratch: int, library: int, pin: int) -> None:
+    """Restores a blob's cells, which sit at positions [start, end), into `library` and the pin."""
     ctx.seq_rm(scratch)
     try:
         ctx.state_set(scratch, blob)
-        ctx.seq_cp(scratch, library, run.start, run.end)
-        ctx.seq_cp(scratch, pin, run.start, run.end)
+        ctx.seq_cp(scratch, library, start, end)
+        ctx.seq_cp(scratch, pin, start, end)
     finally:
         ctx.seq_rm(scratch)
+
+
+def encode_at_home(ctx: Context, jobs: list[EncodeJob], shift: int, rope, workspace: Workspace, *, scratch: int,
+                   library: int, pin: int, on_computed: OnComputed | None = None) -> list[bytes]:
+    """Returns the blobs of a module computed at its home (pml.encoding.home_jobs), after placing them `shift` later.
+
+    The blobs are what the byte tiers keep: a restore moves them by the same relocator,
+    so cells placed from a store are the bytes placed right after encoding.
+    """
+    blobs = []
+    for job in jobs:
+        blob = compute_in_workspace(ctx, job, workspace, on_computed=on_computed)
+        blobs.append(blob)
+        place_blob(ctx, relocate_blob(blob, shift, rope), job.run.start + shift, job.run.end + shift,
+                   scratch=scratch, library=library, pin=pin)
+    return blobs
 
 
 def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: int) -> None:

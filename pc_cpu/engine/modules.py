@@ -14,13 +14,15 @@ The tiers say which one served each encoding ("context", "ram", "disk" or
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import Workspace, encode_key, pin_cells
-from pc_cpu.engine.relocate import scan_blob
+from pc_cpu.engine.encoder import Workspace, encode_at_home, encode_key, pin_cells
+from pc_cpu.engine.relocate import relocate_blob, scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
-from pc_cpu.pml.encoding import encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs
+from pc_cpu.pml.encoding import (encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs, home_jobs,
+                                 home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import parts, state_blob
 from pc_cpu.store.entry import Entry
@@ -33,6 +35,26 @@ log = logging.getLogger(__name__)
 
 TIER_CONTEXT = "context"
 TIER_ENCODED = "encoded"
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The resident key of an encoding whose cells sit `shift` positions after its home.
+
+    One content key (its home cells) may be resident at other positions for other schemas:
+    each placement is its own set of cells. An encoding at its home is resident under its
+    content key itself.
+    """
+
+    key: StoreKey
+    shift: int
+
+    @property
+    def label(self) -> str:
+        return self.key.label
+
+    def describe(self) -> str:
+        return f"{self.key.describe()} moved by {self.shift:+d}"
 
 
 class ModuleCache:
@@ -48,9 +70,14 @@ class ModuleCache:
         self.pin = pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
         self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
+        # Modules are computed at their home and moved into place (pml.encoding.home_shift) when the
+        # relocator can move this model's cells and a workspace computes them from slot 0; otherwise
+        # in place, and editing a module's length re-encodes the modules after it.
+        self.at_home = workspace is not None and rope is not None
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
+        self._shifts: dict[tuple[str, str], tuple[Layout, int]] = {}  # (schema, encoding) -> home_shift
         self._used_by: dict[str, set[StoreKey]] = {}  # schema -> the keys it made resident
 
     def key_of(self, layout: Layout, key: str) -> StoreKey:
@@ -58,14 +85,31 @@ class ModuleCache:
         memo = self._keys.get((layout.schema, key))
         if memo is not None and memo[0] is layout:
             return memo[1]
-        store_key = StoreKey(self.model_id, encoding_content(layout, key, self.mode), self.mode,
+        store_key = StoreKey(self.model_id, encoding_content(layout, key, self.mode, at_home=self.at_home), self.mode,
                              label=f"{layout.schema}/{key}")
         self._keys[(layout.schema, key)] = (layout, store_key)
         return store_key
 
+    def shift_of(self, layout: Layout, key: str) -> int:
+        """Returns how far encoding `key`'s cells are moved from where they are computed (0: computed in place)."""
+        if not self.at_home:
+            return 0
+        memo = self._shifts.get((layout.schema, key))
+        if memo is not None and memo[0] is layout:
+            return memo[1]
+        shift = home_shift(layout, key, self.mode)
+        self._shifts[(layout.schema, key)] = (layout, shift)
+        return shift
+
+    def resident_key_of(self, layout: Layout, key: str) -> StoreKey | Placed:
+        """Returns the key under which encoding `key`'s cells, at `layout`'s positions, are resident."""
+        shift = self.shift_of(layout, key)
+        store_key = self.key_of(layout, key)
+        return store_key if shift == 0 else Placed(store_key, shift)
+
     def sequence_of(self, layout: Layout, key: str) -> int | None:
         """Returns the library sequence holding encoding `key` of `layout`, or None when it is not resident."""
-        return self.resident.get(self.key_of(layout, key))
+        return self.resident.get(self.resident_key_of(layout, key))
 
     def ensure(self, layout: Layout, keys: Iterable[str], *, reserve: int = 0, pinned: Iterable[StoreKey] = (),
                on_computed: Callable[[str, int], None] | None = None) -> dict[str, str]:
@@ -79,7 +123,7 @@ class ModuleCache:
         """
         wanted = set(keys)
         ordered = [key for key in encoding_keys(layout, self.mode) if key in wanted]
-        keep = {self.key_of(layout, key) for key in ordered} | set(pinned)
+        keep = {self.resident_key_of(layout, key) for key in ordered} | set(pinned)
         self._used_by.setdefault(layout.schema, set()).update(keep)
         served = {key: self._ensure_one(layout, key, keep, on_computed) for key in ordered}
         self._make_room(reserve, keep)
@@ -87,35 +131,45 @@ class ModuleCache:
 
     def _ensure_one(self, layout: Layout, key: str, keep: set,
                     on_computed: Callable[[str, int], None] | None = None) -> str:
-        resident_key = store_key = self.key_of(layout, key)
+        store_key = self.key_of(layout, key)
+        resident_key = self.resident_key_of(layout, key)
         if self.resident.contains(resident_key):
             self.resident.touch(resident_key)
             return TIER_CONTEXT
         runs = encoding_runs(layout, key, self.mode)
+        shift = self.shift_of(layout, key)
         hit = self._lookup(layout, key, store_key)
-        if hit is not None and self._restore_or_forget(resident_key, store_key, hit, runs, keep):
+        if hit is not None and self._restore_or_forget(resident_key, store_key, hit, runs, shift, keep):
             return hit.tier
         keep = keep | self._make_neighbours_resident(layout, key, keep)
         self._make_room(encode_cells(layout, key, self.mode), keep)
         library = self._place(resident_key, runs, keep)
+        notify = None if on_computed is None else lambda n: on_computed(key, n)
         try:
-            encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
-                       library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,
-                       on_computed=None if on_computed is None else lambda n: on_computed(key, n))
+            if shift:
+                blobs = encode_at_home(self.ctx, home_jobs(layout, key, self.mode), shift, self.rope, self.workspace,
+                                       scratch=self.scratch, library=library, pin=self.pin, on_computed=notify)
+            else:
+                encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
+                           library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,
+                           on_computed=notify)
             self.encoded += 1
         except Exception:
             self._drop(resident_key)
             raise
-        self._save(store_key, library, runs)
+        if shift:
+            self._save_blobs(store_key, blobs, tuple(Run(r.start - shift, r.tokens) for r in runs))
+        else:
+            self._save(store_key, library, runs)
         return TIER_ENCODED
 
-    def _restore_or_forget(self, resident_key, store_key: StoreKey, hit: Hit, runs: tuple[Run, ...],
+    def _restore_or_forget(self, resident_key, store_key: StoreKey, hit: Hit, runs: tuple[Run, ...], shift: int,
                            keep: set) -> bool:
         """Makes a stored state resident; returns False, and removes it from the store, when it cannot be restored."""
         self._make_room(sum(len(run.tokens) for run in runs), keep)
         library = self._place(resident_key, runs, keep)
         try:
-            refusal = self._restore(hit.entry, runs, library)
+            refusal = self._restore(hit.entry, runs, library, shift)
         except Exception:
             self._drop(resident_key)
             raise
@@ -141,16 +195,16 @@ class ModuleCache:
         needed = set()
         if layout.cached_runs(ROOT):  # every link shares the preamble's cells too
             self._ensure_one(layout, ROOT, keep)
-            needed.add(self.key_of(layout, ROOT))
+            needed.add(self.resident_key_of(layout, ROOT))
         chain: list[str] = []
-        while neighbour is not None and not self.resident.contains(self.key_of(layout, neighbour)):
+        while neighbour is not None and not self.resident.contains(self.resident_key_of(layout, neighbour)):
             chain.append(neighbour)
             if self.store is not None and self.store.contains(self.key_of(layout, neighbour)):
                 break  # existence only: _ensure_one reads it (a damaged file then walks on from there)
             neighbour = encoded_after(layout, neighbour, self.mode)
-        needed |= {self.key_of(layout, name) for name in chain}
+        needed |= {self.resident_key_of(layout, name) for name in chain}
         if neighbour is not None:
-            needed.add(self.key_of(layout, neighbour))
+            needed.add(self.resident_key_of(layout, neighbour))
         for name in reversed(chain):
             self._ensure_one(layout, name, keep | needed)
         return needed
@@ -232,7 +286,12 @@ class ModuleCache:
         """
         if self.store is None or not runs:
             return
-        blobs = [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]
+        self._save_blobs(store_key, [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)], runs)
+
+    def _save_blobs(self, store_key: StoreKey, blobs: list, runs: tuple[Run, ...]) -> None:
+        """Writes an encoding's blobs, holding the cells of `runs`, through to every byte tier (see _save)."""
+        if self.store is None or not runs:
+            return
         entry = Entry(parts.pack(blobs), sum(len(r.tokens) for r in runs), (runs[0].start, runs[-1].end))
         self.store.put(store_key, entry)
 
@@ -251,8 +310,11 @@ class ModuleCache:
         finally:
             self.ctx.seq_rm(self.scratch)
 
-    def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int) -> str | None:
-        """Loads `entry`'s cells into `library` (and the pin); returns why not when they are not the cells `runs` need."""
+    def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int, shift: int = 0) -> str | None:
+        """Loads `entry`'s cells into `library` (and the pin); returns why not when they are not the cells `runs` need.
+
+        The entry holds the cells at their home, `shift` positions before `runs`; they are moved into place.
+        """
         expected = sum(len(r.tokens) for r in runs)
         try:
             blobs = parts.unpack(entry.payload)
@@ -263,14 +325,18 @@ class ModuleCache:
         except StateBlobError as exc:
             return f"it is malformed ({exc})"
         found = (sum(i.n_cell for i in infos), min(i.pos_min for i in infos), max(i.pos_max for i in infos) + 1)
-        if found != (expected, runs[0].start, runs[-1].end):
+        if found != (expected, runs[0].start - shift, runs[-1].end - shift):
             return (f"it holds {found[0]} cells at [{found[1]}, {found[2]}), the encoding needs {expected} at "
-                    f"[{runs[0].start}, {runs[-1].end})")
+                    f"[{runs[0].start - shift}, {runs[-1].end - shift})")
+        try:
+            blobs = [relocate_blob(blob, shift, self.rope) for blob in blobs]
+        except StateBlobError as exc:
+            return f"its cells cannot be moved into place ({exc})"
         try:
             for blob, info in zip(blobs, infos):
                 self.ctx.state_set(self.scratch, blob)
-                self.ctx.seq_cp(self.scratch, library, info.pos_min, info.pos_max + 1)
-                self.ctx.seq_cp(self.scratch, self.pin, info.pos_min, info.pos_max + 1)
+                self.ctx.seq_cp(self.scratch, library, info.pos_min + shift, info.pos_max + 1 + shift)
+                self.ctx.seq_cp(self.scratch, self.pin, info.pos_min + shift, info.pos_max + 1 + shift)
                 self.ctx.seq_rm(self.scratch)
         except EngineError as exc:
             for run in runs:  # the parts restored before the refusal

@@ -24,6 +24,11 @@ where they are resident and only the run is computed. Otherwise the context is
 decoded at the positions just before the run, so positions stay consecutive in
 one llama_decode, and its cells are dropped afterwards.
 
+Where the engine can move cells (pc_cpu.engine.modules), a module not computed after
+resident cells is computed at its *home*, its context from position 0 (home_jobs),
+and moved into place: its cells, and its content key, then do not depend on how long
+the text before it is, so editing one module leaves the others' encodings alone.
+
 A scaffold (`<scaffold name="x">`) is also encoded jointly: its members' runs are
 computed in one sequence, each seeing the others before it, and kept under the
 key `scaffold_key(x)` beside the members' own encodings (see ScaffoldJob).
@@ -81,6 +86,40 @@ def encode_jobs(layout: Layout, module: str, mode: str) -> list[EncodeJob]:
             job = _chained(layout, job, before)
         jobs.append(job)
     return jobs
+
+
+def home_shift(layout: Layout, key: str, mode: str) -> int:
+    """Returns how far encoding `key`'s layout positions lie after its home: 0 for encodings computed in place.
+
+    A module's home is where its jobs fall when its first context token sits at position 0:
+    the same relative positions, so (RoPE being relative) the same cells up to the
+    rounding of the rotation, which then no longer depend on how long the text before the
+    module is. Editing a module's length leaves the homes, and so the content keys, of the
+    modules after it alone (pc_cpu.engine.modules moves home cells into place).
+    Computed in place: ROOT, chain links (their neighbour's resident cells sit at layout
+    positions) and scaffolds (their members' runs are moved apart with seq_add).
+    """
+    if key == ROOT or key.startswith(SCAFFOLD_PREFIX):
+        return 0
+    jobs = encode_jobs(layout, key, mode)
+    if not jobs or any(job.after is not None for job in jobs):
+        return 0
+    return jobs[0].first_position
+
+
+def home_jobs(layout: Layout, key: str, mode: str) -> list[EncodeJob]:
+    """Returns encode_jobs(layout, key, mode) moved to the module's home (home_shift positions earlier).
+
+    A moved job shares no context: what is resident sits at layout positions, not at the home's.
+    """
+    shift = home_shift(layout, key, mode)
+    jobs = encode_jobs(layout, key, mode)
+    if shift == 0:
+        return jobs
+    moved = [EncodeJob(j.module, Run(j.run.start - shift, j.run.tokens), j.context, (), j.after) for j in jobs]
+    if any(job.first_position < 0 for job in moved):  # cannot happen for layouts build_layout makes
+        raise SchemaError(f"module {key!r}: its runs' contexts do not fit before its home; report this schema")
+    return moved
 
 
 def encoded_after(layout: Layout, key: str, mode: str) -> str | None:
@@ -269,13 +308,17 @@ def content_digest(*parts: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def encoding_content(layout: Layout, key: str, mode: str) -> str:
+def encoding_content(layout: Layout, key: str, mode: str, *, at_home: bool = False) -> str:
     """Returns the content digest of encoding `key`: what its cells depend on (pc_cpu.store.keys).
 
     That is the tokens each job computes (its context, then its run) and the positions it
     computes them at, and in chain mode the content of the neighbour whose cells it
     attends to. Names do not enter it: the same text after the same preamble at the same
-    position is one encoding, whichever schema declares it.
+    position is one encoding, whichever schema declares it. `at_home`: the encoding is
+    computed at its home (home_jobs) and moved into place, so the positions are the
+    home's: the same module text after the same context is one encoding wherever the
+    schema puts it. An encoding computed in place (home_shift 0) gets the same digest
+    either way, since it is the same computation.
     """
     check_mode(mode)
     if key.startswith(SCAFFOLD_PREFIX):
@@ -283,11 +326,13 @@ def encoding_content(layout: Layout, key: str, mode: str) -> str:
         if job is None:
             return content_digest(mode, "scaffold", [])
         return content_digest(mode, "scaffold", job.first_position, list(job.context),
-                              [[run.start, list(run.tokens)] for run in job.runs], _after(layout, job.after, mode))
+                              [[run.start, list(run.tokens)] for run in job.runs],
+                              _after(layout, job.after, mode, at_home))
+    computed = home_jobs(layout, key, mode) if at_home else encode_jobs(layout, key, mode)
     jobs = [[job.first_position, list(job.context), job.run.start, list(job.run.tokens),
-             _after(layout, job.after, mode)] for job in encode_jobs(layout, key, mode)]
+             _after(layout, job.after, mode, at_home)] for job in computed]
     return content_digest(mode, "module", jobs)
 
 
-def _after(layout: Layout, neighbour: str | None, mode: str) -> str | None:
-    return None if neighbour is None else encoding_content(layout, neighbour, mode)
+def _after(layout: Layout, neighbour: str | None, mode: str, at_home: bool) -> str | None:
+    return None if neighbour is None else encoding_content(layout, neighbour, mode, at_home=at_home)

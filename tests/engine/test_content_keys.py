@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from pc_cpu.pml.encoding import encoding_keys
+from pc_cpu.engine.encoder import compute_in_workspace
+from pc_cpu.pml.encoding import encode_jobs, encoding_keys
+from pc_cpu.store import state_blob
+from tests.engine.test_determinism import prompt_logits
 
 SYSTEM = "<system>You answer from the notes.</system>"
 
@@ -80,3 +84,68 @@ def test_a_schema_three_times_the_context_loads_and_answers(make_cache, tmp_path
     baseline = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3,
                               use_cache=False)
     assert baseline.uncached_tokens == result.cached_tokens + result.uncached_tokens
+
+
+def test_lengthening_a_module_encodes_that_module_only(make_cache, tmp_path):
+    # The notes after the edited one move: they are computed at their home and moved into place,
+    # so their keys, and their stored cells, do not depend on the edited note's length.
+    cache = make_cache(store=tmp_path / "store")
+    if cache.model.info.n_swa:
+        pytest.skip("sliding-window models compute modules in place: an edit re-encodes the later ones")
+    cache.load_schema(notes("lib", 4))
+    edited = notes("lib", 4).replace("Note 1: shelf 1 holds 7 boxes of tea.",
+                                     "Note 1: shelf 1 holds 7 boxes of green and black tea from Assam.")
+    before = cache.modules.encoded
+    cache.load_schema(edited)
+    assert cache.modules.encoded - before == 1
+
+
+def test_a_moved_module_answers_as_in_a_cold_process(make_cache, tmp_path):
+    # Same tokens, same answer: cells restored from an edited schema's store and moved into place
+    # are the bytes a process that never saw the old schema computes and moves.
+    edited = notes("lib", 3).replace("Note 0: shelf 0 holds 0 boxes of tea.", "Note 0: shelf 0 is empty today.")
+    prompt = '<prompt schema="lib"><n2/><user>How many boxes on shelf 2?</user></prompt>'
+    first = make_cache(store=tmp_path / "warm")
+    first.load_schema(notes("lib", 3))
+    first.close()
+    warm = make_cache(store=tmp_path / "warm")
+    warm.load_schema(edited)
+    moved = warm.generate(prompt, max_tokens=6)
+    cold = make_cache(store=tmp_path / "cold")
+    cold.load_schema(edited)
+    fresh = cold.generate(prompt, max_tokens=6)
+    at_home = not warm.model.info.n_swa
+    assert warm.modules.encoded == (1 if at_home else 3)  # n0 only, or n0 and everything after it
+    assert warm.modules.shift_of(warm.layout("lib"), "n2") != 0 or not at_home
+    assert moved.token_ids == fresh.token_ids and len(moved.token_ids) > 0
+    assert prompt_logits(warm, prompt).tobytes() == prompt_logits(cold, prompt).tobytes()
+
+
+def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(make_cache):
+    # RoPE is relative, so the home computation moved into place gives the in-place cells up to
+    # rounding. Layer 0 shows the move alone: V equal, K within F16 rotation rounding (measured
+    # 3e-4 relative; a shift off by one position is 0.13-0.23). Layer 1 shows both attended to the
+    # same context (measured 0.1-1.1%: activations are quantized for the matmuls, which amplifies rounding).
+    cache = make_cache(store=False)
+    if cache.model.info.n_swa:
+        pytest.skip("sliding-window models compute modules in place")
+    cache.load_schema(notes("lib", 3))
+    layout = cache.layout("lib")
+    assert cache.modules.shift_of(layout, "n2") > 0
+    (job,) = encode_jobs(layout, "n2", cache.encoding)  # in place: the context right before the run
+    in_place = compute_in_workspace(cache.ctx, job, cache.modules.workspace)
+    library, scratch = cache.modules.sequence_of(layout, "n2"), cache.scratch_seq
+    cache.ctx.seq_cp(library, scratch, job.run.start, job.run.end)
+    try:
+        moved = cache.ctx.state_get(scratch)
+    finally:
+        cache.ctx.seq_rm(scratch)
+
+    def relative_error(layer: int) -> tuple[float, float]:
+        (got_pos, *got), (want_pos, *want) = state_blob.layer_kv(moved, layer), state_blob.layer_kv(in_place, layer)
+        assert got_pos.tolist() == want_pos.tolist() == list(range(job.run.start, job.run.end))
+        return tuple(float(np.linalg.norm(g - w) / np.linalg.norm(w)) for g, w in zip(got, want))
+
+    k0, v0 = relative_error(0)
+    assert v0 == 0.0 and k0 < 0.005
+    assert max(relative_error(1)) < 0.05

@@ -163,7 +163,7 @@ def test_a_stored_state_refused_at_restore_is_removed_and_re_encoded(make_cache,
     expected = answers(clean)
     cache = make_cache(store=store_dir)
     cache.load_schema(SCHEMA, encode=False)
-    monkeypatch.setattr(ModuleCache, "_restore", lambda self, entry, runs, library: "refused for this test")
+    monkeypatch.setattr(ModuleCache, "_restore", lambda self, entry, runs, library, shift=0: "refused for this test")
 
     with caplog.at_level(logging.WARNING):
         result = cache.generate(prompt("a"), max_tokens=6)

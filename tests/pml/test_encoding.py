@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptCacheError, SchemaError
-from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after, scaffold_cells,
-                                 scaffold_jobs, scaffold_key, encode_cells)
+from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after, encoding_content,
+                                 home_jobs, home_shift, scaffold_cells, scaffold_jobs, scaffold_key, encode_cells)
 from pc_cpu.pml.layout import ROOT
 from tests.pml.conftest import CHATML_MARKUP, layout_of, words
 
@@ -233,3 +233,43 @@ def test_encoded_after_names_the_neighbour_of_modules_and_scaffolds(tok):
     assert [encoded_after(layout, key, "chain") for key in (ROOT, "a", "b", "c", "scaffold:k")] == [
         None, None, "a", "b", "a"]
     assert encoded_after(layout, "b", "preamble") is None
+
+
+# --- homes: where an encoding is computed before it is moved into place --------------------------
+
+def test_a_module_after_other_text_has_its_home_where_its_context_starts_at_zero(tok, layout):
+    assert [home_shift(layout, m, "preamble") for m in (ROOT, "a", "b", "c")] == [0, 0, 0, 3]
+    (job,) = home_jobs(layout, "c", "preamble")
+    assert (job.run.start, words(tok, job.run.tokens), job.first_position, job.shared_context) == (6, ["C"], 0, ())
+    assert words(tok, job.context) == PREAMBLE + ["Mid"]
+
+
+def test_every_run_of_a_module_moves_home_by_the_same_shift(tok, layout):
+    assert home_shift(layout, "a", "independent") == 5
+    assert [(j.run.start, j.first_position) for j in home_jobs(layout, "a", "independent")] == [(0, 0), (2, 1)]
+
+
+def test_chain_links_and_scaffolds_are_computed_in_place(tok):
+    chain = layout_of('<schema name="s">Hi <module name="a">A</module><module name="b">B</module></schema>',
+                      tokenizer=tok)
+    assert home_shift(chain, "b", "chain") == 0 and home_shift(chain, "b", "preamble") == 1  # after <bos> Hi, A
+    assert home_shift(layout_of(SCAFFOLD, tokenizer=tok), "scaffold:x", "preamble") == 0
+
+
+def notes_schema(first: str) -> str:
+    return f'<schema name="s">Notes: <module name="n0">{first}</module><module name="n1">Tea</module></schema>'
+
+
+@pytest.mark.parametrize("mode", ["preamble", "independent"])
+def test_lengthening_a_module_keeps_the_home_key_of_the_module_after_it(tok, mode):
+    short, long = layout_of(notes_schema("Cups"), tokenizer=tok), layout_of(notes_schema("Cups and jars"), tokenizer=tok)
+    assert long.modules["n1"].start > short.modules["n1"].start
+
+    assert encoding_content(short, "n1", mode, at_home=True) == encoding_content(long, "n1", mode, at_home=True)
+    assert encoding_content(short, "n1", mode) != encoding_content(long, "n1", mode)  # in place: positions differ
+    assert encoding_content(short, "n0", mode, at_home=True) != encoding_content(long, "n0", mode, at_home=True)
+
+
+def test_an_encoding_computed_in_place_has_one_key_either_way(tok, layout):
+    for module in (ROOT, "a", "b"):
+        assert encoding_content(layout, module, "preamble", at_home=True) == encoding_content(layout, module, "preamble")
