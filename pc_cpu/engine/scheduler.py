@@ -112,8 +112,9 @@ class SchemaPrompt:
         # The shared cells, and the schema text computed after them in batches of their own (every
         # op but the last, the prompt's own text): what any prompt with this signature computes alike.
         staged, tail = split_tail(self.plan)
-        if not self.use_cache or not staged.ops or not all(isinstance(op, CopyCells) for op in staged.ops):
-            return None
+        if not self.use_cache or self.plan.select or not staged.ops or not all(
+                isinstance(op, CopyCells) for op in staged.ops):
+            return None  # select: recomputes some shared cells, so they are not what the keys say
         copies = tuple((self.modules.key_of(self.layout, op.encoding), op.start, op.encoded_at, len(op.tokens))
                        for op in staged.ops)
         computed = tuple((op.tokens, op.start) for op in tail[:-1])

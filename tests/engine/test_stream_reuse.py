@@ -43,6 +43,22 @@ def test_the_same_modules_again_reuse_the_stream_and_answer_as_a_fresh_cache(mak
     assert tails == ["prefill_tail"]
 
 
+def test_a_select_prompt_neither_reuses_a_held_stream_nor_leaves_one(make_cache, monkeypatch):
+    # Its cells are the modules' with the chosen tokens computed again: not what the keys say. It
+    # reused the stream of the same prompt without recompute, so select: recomputed nothing (Qwen
+    # NQ 5: the same answers as policy 0 on 131 of 131 questions, at a higher speedup).
+    tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
+    cache = make_cache(store=False)
+    cache.load_schema(SCHEMA)
+    question = prompt("Which key opens the shed?")
+    cache.generate(question, max_tokens=2, recompute="select:50%")
+    cache.generate(question, max_tokens=2)  # nothing held to reuse: it restores
+    assert tails == []
+    cache._scheduler.blender.last_selected = ()
+    cache.generate(question, max_tokens=2, recompute="select:50%")  # the stream just held is not reused
+    assert tails == [] and len(cache._scheduler.blender.last_selected) > 0
+
+
 def test_a_cancelled_prompt_leaves_nothing_to_reuse(make_cache, monkeypatch):
     tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
     cache = make_cache(store=False)
