@@ -50,11 +50,8 @@ class Placed:
     shift: int
 
     @property
-    def label(self) -> str:
+    def label(self) -> str:  # names it in ResidentTier's errors
         return self.key.label
-
-    def describe(self) -> str:
-        return f"{self.key.describe()} moved by {self.shift:+d}"
 
 
 class ModuleCache:
