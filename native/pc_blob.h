@@ -105,4 +105,25 @@ int pc_layout_parse(const uint8_t *blob, size_t size, pc_layout *out);
  * Returns PC_OK with r past the record, else TRUNCATED or CORRUPT. */
 int pc_layer_read(pc_reader *r, uint32_t n_cell, uint32_t transposed, pc_layer *out);
 
+/* Relocation, shared by pc_relocate.c and the moving splice of pc_splice.c. */
+#define PC_MAX_ROT 1024 /* rotated dims per head; the angle table lives on the stack */
+
+/* The cos/sin of each rotated pair's angle for one delta. */
+typedef struct {
+    int32_t n_pairs;
+    int neox;  /* NEOX pairs element i with i + n_pairs; NORMAL pairs 2i with 2i + 1 */
+    float cos_t[PC_MAX_ROT / 2], sin_t[PC_MAX_ROT / 2];
+} pc_rope_plan;
+
+/* Everything pc_state_relocate_caches() refuses before it changes a byte, for a parsed blob. */
+int pc_relocate_check(const uint8_t *blob, size_t size, const pc_layout *lay, int32_t delta,
+                      const pc_rope_params *ropes, uint32_t n_ropes);
+
+/* The angles of a move by delta under rope p (p valid). */
+void pc_rope_plan_make(int32_t delta, const pc_rope_params *p, pc_rope_plan *plan);
+
+/* Re-rotates n_cell checked K rows of type k_type (F16 or F32), laid out one after another. */
+void pc_rotate_rows(uint8_t *rows, size_t n_cell, int32_t k_type, const pc_rope_params *p,
+                    const pc_rope_plan *plan);
+
 #endif

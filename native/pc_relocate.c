@@ -12,7 +12,6 @@
 
 #include <math.h>
 
-#define PC_MAX_ROT 1024    /* rotated dims per head; the angle table lives on the stack */
 #define PC_MAX_HEAD 65536  /* bound on n_head_kv and head_dim, keeps row sizes far from overflow */
 #define PC_TYPE_F32 0      /* ggml_type values */
 #define PC_TYPE_F16 1
@@ -89,14 +88,7 @@ static int k_layers_check(const uint8_t *blob, size_t size, const pc_section *se
     return PC_OK;
 }
 
-/* The cos/sin of each rotated pair's angle, for one call. */
-typedef struct {
-    int32_t n_pairs;
-    int neox;  /* NEOX pairs element i with i + n_pairs; NORMAL pairs 2i with 2i + 1 */
-    float cos_t[PC_MAX_ROT / 2], sin_t[PC_MAX_ROT / 2];
-} pc_rope_plan;
-
-static void rope_plan(int32_t delta, const pc_rope_params *p, pc_rope_plan *pl) {
+void pc_rope_plan_make(int32_t delta, const pc_rope_params *p, pc_rope_plan *pl) {
     const float theta_scale = (float) pow((double) p->freq_base, (double) (-2.0f / (float) p->n_rot));
     float theta = (float) delta;
     pl->n_pairs = p->n_rot / 2;
@@ -153,20 +145,24 @@ static void rotate_heads_f32(uint8_t *heads, size_t n_head, size_t head_bytes, c
     }
 }
 
+void pc_rotate_rows(uint8_t *rows, size_t n_cell, int32_t k_type, const pc_rope_params *p,
+                    const pc_rope_plan *plan) {
+    const size_t el = k_type == PC_TYPE_F16 ? 2 : 4;
+    const size_t n_head = n_cell * (size_t) p->n_head_kv;
+    if (el == 2) rotate_heads_f16(rows, n_head, (size_t) p->head_dim * el, plan);
+    else rotate_heads_f32(rows, n_head, (size_t) p->head_dim * el, plan);
+}
+
 /* Rotates every head of every K row of a checked section. */
 static void k_layers_rotate(uint8_t *blob, size_t size, const pc_section *sec, const pc_rope_params *p,
                             int32_t delta) {
     pc_rope_plan plan;
-    rope_plan(delta, p, &plan);
+    pc_rope_plan_make(delta, p, &plan);
     pc_reader r = { blob, size, sec->data_off + 8 };
     for (uint32_t il = 0; il < sec->n_layer; ++il) {
         pc_layer rec;
         pc_layer_read(&r, sec->n_cell, 0, &rec);
-        const size_t el = rec.type == PC_TYPE_F16 ? 2 : 4;
-        const size_t n_head = (size_t) sec->n_cell * (size_t) p->n_head_kv;
-        uint8_t *heads = blob + (rec.data - blob); /* the same bytes, writable */
-        if (el == 2) rotate_heads_f16(heads, n_head, (size_t) p->head_dim * el, &plan);
-        else rotate_heads_f32(heads, n_head, (size_t) p->head_dim * el, &plan);
+        pc_rotate_rows(blob + (rec.data - blob), sec->n_cell, rec.type, p, &plan); /* the same bytes, writable */
     }
 }
 
@@ -178,23 +174,30 @@ static void positions_shift(uint8_t *blob, const pc_layout *lay, const pc_sectio
     }
 }
 
+int pc_relocate_check(const uint8_t *blob, size_t size, const pc_layout *lay, int32_t delta,
+                      const pc_rope_params *ropes, uint32_t n_ropes) {
+    int rc;
+    if (lay->cell_ext) return PC_ERR_UNSUPPORTED;
+    if (n_ropes == 1 && lay->n_section > 1) return PC_ERR_UNSUPPORTED; /* one rope cannot serve two caches */
+    if (!ropes || n_ropes != lay->n_section) return PC_ERR_ARGUMENT;
+    for (uint32_t s = 0; s < lay->n_section; ++s) {
+        const pc_section *sec = &lay->sec[s];
+        if (!rope_valid(&ropes[s])) return PC_ERR_ARGUMENT;
+        if (sec->n_cell == 0) continue;
+        if ((int64_t) sec->pos_min + delta < 0 || (int64_t) sec->pos_max + delta > INT32_MAX) return PC_ERR_ARGUMENT;
+        if ((rc = k_layers_check(blob, size, sec, &ropes[s])) != PC_OK) return rc;
+    }
+    return PC_OK;
+}
+
 int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
                              uint32_t n_ropes) {
     pc_layout lay;
     int rc;
     if (!blob) return PC_ERR_ARGUMENT;
     if ((rc = pc_layout_parse(blob, size, &lay)) != PC_OK) return rc;
-    if (lay.cell_ext) return PC_ERR_UNSUPPORTED;
-    if (n_ropes == 1 && lay.n_section > 1) return PC_ERR_UNSUPPORTED; /* one rope cannot serve two caches */
-    if (!ropes || n_ropes != lay.n_section) return PC_ERR_ARGUMENT;
     /* Validate every section before changing a byte. */
-    for (uint32_t s = 0; s < lay.n_section; ++s) {
-        const pc_section *sec = &lay.sec[s];
-        if (!rope_valid(&ropes[s])) return PC_ERR_ARGUMENT;
-        if (sec->n_cell == 0) continue;
-        if ((int64_t) sec->pos_min + delta < 0 || (int64_t) sec->pos_max + delta > INT32_MAX) return PC_ERR_ARGUMENT;
-        if ((rc = k_layers_check(blob, size, sec, &ropes[s])) != PC_OK) return rc;
-    }
+    if ((rc = pc_relocate_check(blob, size, &lay, delta, ropes, n_ropes)) != PC_OK) return rc;
     if (delta == 0) return PC_OK;
     for (uint32_t s = 0; s < lay.n_section; ++s) {
         const pc_section *sec = &lay.sec[s];

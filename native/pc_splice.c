@@ -2,7 +2,12 @@
  *
  * Two passes: check (parse every blob, compare layouts, look for shared positions, size the
  * result), then write. The write pass keeps one cursor per input blob: the output takes
- * layer 0's K rows of every blob, then layer 1's, ..., so each cursor only moves forward. */
+ * layer 0's K rows of every blob, then layer 1's, ..., so each cursor only moves forward.
+ *
+ * pc_state_assemble() is the same splice moving each blob on the way: its positions are written
+ * shifted and its K rows re-rotated right after they are copied, while they are still in cache.
+ * That saves the relocated copy of every blob and the pass over it (pc_state_relocate works in
+ * place on a blob the caller must first copy, since stored blobs are shared). */
 #include "pc_blob.h"
 
 #include <stdlib.h>
@@ -11,9 +16,20 @@ typedef struct {
     const uint8_t *blob;
     size_t size;
     pc_layout lay;
+    int32_t delta;   /* positions the blob's cells move by (assemble), else 0 */
     pc_reader cur;   /* write pass: walks the current section's layer records */
     pc_layer rec;    /* write pass: the record under the cursor */
 } pc_input;
+
+/* What is asked of one splice: the inputs, and for assemble the ropes and the streams to write. */
+typedef struct {
+    pc_input *in;
+    size_t n;
+    const pc_rope_params *ropes; /* one per section; read only when some delta != 0 */
+    uint32_t n_ropes;
+    uint32_t n_stream;           /* streams per section in the output; 0: the inputs' count */
+    pc_rope_plan *plans;         /* write pass: one per input, for the current section */
+} pc_job;
 
 typedef struct {
     uint8_t *out;
@@ -73,7 +89,7 @@ static int positions_disjoint(const pc_input *in, size_t n, uint32_t s, uint32_t
         const pc_section *sec = &in[b].lay.sec[s];
         const size_t rec = pc_cell_bytes(in[b].lay.cell_ext);
         for (uint32_t i = 0; i < sec->n_cell; ++i) {
-            pos[k++] = (int32_t) pc_le32(in[b].blob + sec->cells_off + (size_t) i * rec);
+            pos[k++] = (int32_t) pc_le32(in[b].blob + sec->cells_off + (size_t) i * rec) + in[b].delta;
         }
     }
     qsort(pos, total, sizeof *pos, cmp_i32);
@@ -86,9 +102,9 @@ static int positions_disjoint(const pc_input *in, size_t n, uint32_t s, uint32_t
 }
 
 /* Bytes of section s in the output, which holds `total` cells laid out like input ref. */
-static size_t section_bytes(const pc_input *ref, uint32_t s, uint32_t total) {
+static size_t section_bytes(const pc_input *ref, uint32_t s, uint32_t total, uint32_t n_stream) {
     const pc_section *sec = &ref->lay.sec[s];
-    size_t bytes = 4 + (size_t) 4 * sec->n_stream;
+    size_t bytes = 4 + (size_t) 4 * (n_stream ? n_stream : sec->n_stream);
     if (total == 0) return bytes;
     bytes += (size_t) total * pc_cell_bytes(ref->lay.cell_ext) + 8;
     pc_reader r = { ref->blob, ref->size, sec->data_off + 8 };
@@ -100,7 +116,7 @@ static size_t section_bytes(const pc_input *ref, uint32_t s, uint32_t total) {
     return bytes;
 }
 
-static int check_section(const pc_input *in, size_t n, uint32_t s, size_t *bytes) {
+static int check_section(const pc_input *in, size_t n, uint32_t s, uint32_t n_stream, size_t *bytes) {
     const size_t ref = first_with_cells(in, n, s);
     uint64_t total = 0;
     for (size_t b = 0; b < n; ++b) {
@@ -111,16 +127,23 @@ static int check_section(const pc_input *in, size_t n, uint32_t s, size_t *bytes
     if (total > UINT32_MAX) return PC_ERR_UNSUPPORTED; /* the cell count is a u32 */
     const int rc = positions_disjoint(in, n, s, (uint32_t) total);
     if (rc != PC_OK) return rc;
-    *bytes += section_bytes(&in[ref == n ? 0 : ref], s, (uint32_t) total);
+    *bytes += section_bytes(&in[ref == n ? 0 : ref], s, (uint32_t) total, n_stream);
     return PC_OK;
 }
 
-/* Parses every blob, compares layouts and positions, and sizes the output. */
-static int check_inputs(pc_input *in, size_t n, size_t *need) {
+/* Parses every blob, checks the moves, compares layouts and positions, and sizes the output. */
+static int check_inputs(const pc_job *job, size_t *need) {
+    pc_input *in = job->in;
+    const size_t n = job->n;
     int rc;
     for (size_t b = 0; b < n; ++b) {
         if (!in[b].blob) return PC_ERR_ARGUMENT;
         if ((rc = pc_layout_parse(in[b].blob, in[b].size, &in[b].lay)) != PC_OK) return rc;
+    }
+    for (size_t b = 0; b < n; ++b) {
+        if (in[b].delta == 0) continue;
+        rc = pc_relocate_check(in[b].blob, in[b].size, &in[b].lay, in[b].delta, job->ropes, job->n_ropes);
+        if (rc != PC_OK) return rc;
     }
     const pc_layout *l0 = &in[0].lay;
     size_t ext_ref = 0; /* the ext record is only visible in blobs with cells */
@@ -135,7 +158,7 @@ static int check_inputs(pc_input *in, size_t n, size_t *need) {
     }
     *need = 8;
     for (uint32_t s = 0; s < l0->n_section; ++s) {
-        if ((rc = check_section(in, n, s, need)) != PC_OK) return rc;
+        if ((rc = check_section(in, n, s, job->n_stream, need)) != PC_OK) return rc;
     }
     return PC_OK;
 }
@@ -146,7 +169,9 @@ static void write_cells(pc_writer *w, const pc_input *in, size_t n, uint32_t s, 
         const pc_section *sec = &in[b].lay.sec[s];
         const size_t rec = pc_cell_bytes(in[b].lay.cell_ext);
         for (uint32_t i = 0; i < sec->n_cell; ++i) {
-            write_bytes(w, in[b].blob + sec->cells_off + (size_t) i * rec, rec - 4);
+            const uint8_t *cell = in[b].blob + sec->cells_off + (size_t) i * rec;
+            write_u32(w, (uint32_t) ((int32_t) pc_le32(cell) + in[b].delta)); /* checked: stays an int32 */
+            write_bytes(w, cell + 4, rec - 8);
             write_u32(w, (uint32_t) seq_id);
         }
     }
@@ -160,11 +185,16 @@ static void next_records(pc_writer *w, pc_input *in, size_t n, size_t ref, uint3
     write_bytes(w, in[ref].rec.header, PC_LAYER_HEADER_BYTES);
 }
 
-/* One layer's rows: blob 0's cells, then blob 1's, ... (empty blobs add nothing) */
-static void write_rows(pc_writer *w, const pc_input *in, size_t n, uint32_t s) {
-    for (size_t b = 0; b < n; ++b) {
-        if (in[b].lay.sec[s].n_cell == 0) continue;
-        write_bytes(w, in[b].rec.data, (size_t) in[b].rec.row_size * in[b].lay.sec[s].n_cell);
+/* One layer's rows: blob 0's cells, then blob 1's, ... (empty blobs add nothing). K rows of a
+ * moving blob are re-rotated in the output, right after their copy. */
+static void write_rows(pc_writer *w, const pc_job *job, uint32_t s, int is_k) {
+    const pc_input *in = job->in;
+    for (size_t b = 0; b < job->n; ++b) {
+        const uint32_t n_cell = in[b].lay.sec[s].n_cell;
+        if (n_cell == 0) continue;
+        uint8_t *rows = w->out + w->off;
+        write_bytes(w, in[b].rec.data, (size_t) in[b].rec.row_size * n_cell);
+        if (is_k && in[b].delta) pc_rotate_rows(rows, n_cell, in[b].rec.type, &job->ropes[s], &job->plans[b]);
     }
 }
 
@@ -180,7 +210,9 @@ static void write_elements(pc_writer *w, const pc_input *in, size_t n, uint32_t 
 }
 
 /* The merged stream of section s: cells, then v_trans, n_layer and every layer record. */
-static void write_stream(pc_writer *w, pc_input *in, size_t n, size_t ref, uint32_t s, int32_t seq_id) {
+static void write_stream(pc_writer *w, const pc_job *job, size_t ref, uint32_t s, int32_t seq_id) {
+    pc_input *in = job->in;
+    const size_t n = job->n;
     const pc_section *rs = &in[ref].lay.sec[s];
     write_cells(w, in, n, s, seq_id);
     write_u32(w, rs->v_trans);
@@ -193,49 +225,82 @@ static void write_stream(pc_writer *w, pc_input *in, size_t n, size_t ref, uint3
         const uint32_t tr = il >= rs->n_layer && rs->v_trans;
         next_records(w, in, n, ref, s, tr);
         if (tr) write_elements(w, in, n, s, in[ref].rec.n_embd);
-        else write_rows(w, in, n, s);
+        else write_rows(w, job, s, il < rs->n_layer);
     }
 }
 
-/* n_stream, then every stream's cell count; the first non-empty input's stream gets all cells. */
-static void write_section(pc_writer *w, pc_input *in, size_t n, uint32_t s, int32_t seq_id) {
+/* n_stream, then every stream's cell count; all cells go to the first non-empty input's stream,
+ * or to stream 0 when the job sets the stream count (the inputs' stream index may not exist). */
+static void write_section(pc_writer *w, const pc_job *job, uint32_t s, int32_t seq_id) {
+    const pc_input *in = job->in;
+    const size_t n = job->n;
     const size_t ref = first_with_cells(in, n, s);
     uint32_t total = 0;
     for (size_t b = 0; b < n; ++b) total += in[b].lay.sec[s].n_cell;
-    const uint32_t n_stream = in[0].lay.sec[s].n_stream;
-    const uint32_t target = ref < n ? in[ref].lay.sec[s].stream : PC_NO_STREAM;
+    const uint32_t n_stream = job->n_stream ? job->n_stream : in[0].lay.sec[s].n_stream;
+    const uint32_t target = ref == n ? PC_NO_STREAM : job->n_stream ? 0 : in[ref].lay.sec[s].stream;
+    for (size_t b = 0; b < n; ++b) {
+        if (in[b].delta && in[b].lay.sec[s].n_cell) pc_rope_plan_make(in[b].delta, &job->ropes[s], &job->plans[b]);
+    }
     write_u32(w, n_stream);
     for (uint32_t st = 0; st < n_stream; ++st) {
         write_u32(w, st == target ? total : 0);
-        if (st == target) write_stream(w, in, n, ref, s, seq_id);
+        if (st == target) write_stream(w, job, ref, s, seq_id);
     }
 }
 
-int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-                    uint8_t *out, size_t out_capacity, size_t *out_size) {
-    if (!blobs || !sizes || !out_size || n_blobs == 0) return PC_ERR_ARGUMENT;
-    if (!out && out_capacity) return PC_ERR_ARGUMENT;
-    pc_input *in = calloc(n_blobs, sizeof *in);
-    if (!in) return PC_ERR_NOMEM;
-    for (size_t b = 0; b < n_blobs; ++b) {
-        in[b].blob = blobs[b];
-        in[b].size = sizes[b];
-    }
+static int run_job(pc_job *job, uint8_t *out, size_t out_capacity, size_t *out_size) {
     size_t need = 0;
-    int rc = check_inputs(in, n_blobs, &need);
+    int rc = check_inputs(job, &need);
     if (rc == PC_OK) {
         *out_size = need;
         if (need > out_capacity) rc = PC_ERR_CAPACITY;
     }
     if (rc == PC_OK) {
+        const pc_input *in = job->in;
         pc_writer w = { out, 0 };
         write_u32(&w, PC_MAGIC);
         write_u32(&w, (uint32_t) in[0].lay.seq_id);
-        for (uint32_t s = 0; s < in[0].lay.n_section; ++s) write_section(&w, in, n_blobs, s, in[0].lay.seq_id);
+        for (uint32_t s = 0; s < in[0].lay.n_section; ++s) write_section(&w, job, s, in[0].lay.seq_id);
         if (w.off != need) rc = PC_ERR_ARGUMENT; /* unreachable: the two passes disagree */
     }
-    free(in);
     return rc;
+}
+
+/* Runs a splice of n_blobs inputs, moved by deltas (NULL: none) into n_stream streams (0: kept). */
+static int splice_moved(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas, size_t n_blobs,
+                        const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
+                        uint8_t *out, size_t out_capacity, size_t *out_size) {
+    if (!blobs || !sizes || !out_size || n_blobs == 0) return PC_ERR_ARGUMENT;
+    if (!out && out_capacity) return PC_ERR_ARGUMENT;
+    pc_job job = { calloc(n_blobs, sizeof(pc_input)), n_blobs, ropes, n_ropes, n_stream, NULL };
+    int moving = 0;
+    for (size_t b = 0; deltas && b < n_blobs; ++b) moving |= deltas[b] != 0;
+    if (moving) job.plans = malloc(n_blobs * sizeof(pc_rope_plan));
+    int rc = PC_ERR_NOMEM;
+    if (job.in && (job.plans || !moving)) {
+        for (size_t b = 0; b < n_blobs; ++b) {
+            job.in[b].blob = blobs[b];
+            job.in[b].size = sizes[b];
+            job.in[b].delta = deltas ? deltas[b] : 0;
+        }
+        rc = run_job(&job, out, out_capacity, out_size);
+    }
+    free(job.plans);
+    free(job.in);
+    return rc;
+}
+
+int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
+                    uint8_t *out, size_t out_capacity, size_t *out_size) {
+    return splice_moved(blobs, sizes, NULL, n_blobs, NULL, 0, 0, out, out_capacity, out_size);
+}
+
+int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas, size_t n_blobs,
+                      const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
+                      uint8_t *out, size_t out_capacity, size_t *out_size) {
+    if (!deltas || n_stream == 0 || n_stream > PC_MAX_STREAM) return PC_ERR_ARGUMENT;
+    return splice_moved(blobs, sizes, deltas, n_blobs, ropes, n_ropes, n_stream, out, out_capacity, out_size);
 }
 
 int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,

@@ -35,7 +35,7 @@
 #define PC_API __attribute__((visibility("default")))
 #endif
 
-#define PC_NATIVE_VERSION 2
+#define PC_NATIVE_VERSION 3
 
 typedef enum {
     PC_OK = 0,
@@ -129,5 +129,17 @@ PC_API int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc
  * byte changes. */
 PC_API int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
                                     uint32_t n_ropes);
+
+/* One call from saved blobs to a prompt's restore blob: splices n_blobs blobs as
+ * pc_state_splice() does, moving blob b's cells by deltas[b] on the way (positions shifted, K
+ * re-rotated with ropes, one per KV cache, as pc_state_relocate_caches()), and writes n_stream
+ * streams per cache with every cell in stream 0 (a context with one stream per sequence restores
+ * a sequence's cells into its own stream). The bytes equal relocating each blob, splicing, and
+ * rewriting the stream count, without the relocated copies. ropes are read only for blobs with
+ * deltas[b] != 0. Overlap is judged on the moved positions. Returns what those steps return;
+ * PC_ERR_ARGUMENT for deltas NULL or n_stream outside 1..256. */
+PC_API int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas,
+                             size_t n_blobs, const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
+                             uint8_t *out, size_t out_capacity, size_t *out_size);
 
 #endif

@@ -7,10 +7,10 @@ content key, so a library larger than the context costs RAM and disk, never
 context cells: nothing of it is resident until a prompt uses it.
 
 A prompt is then assembled from bytes alone (`prefill`): the preamble's blob and
-each document's, moved to the position the prompt gives it by the C relocator
-(positions rewritten, K re-rotated: pc_cpu.store.native), joined by the splicer
-into one blob in position order, and restored into the prompt's empty stream with
-one state_set. The question is then computed there. A document used at its home
+each document's, moved to the position the prompt gives it (positions rewritten,
+K re-rotated) and joined into one blob in position order by one pass of the C
+library (pc_state_assemble, pc_cpu.store.native), then restored into the prompt's
+empty stream with one state_set. The question is then computed there. A document used at its home
 (the first one) is not moved at all, so its cells are exactly the encoded ones.
 `pc-cpu bench documents relocation` measures this against llama.cpp's own seq_add on a private
 copy; the bytes path was faster (bench/RESULTS.md). A sliding-window model's state
@@ -27,7 +27,7 @@ from functools import cached_property
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
-from pc_cpu.engine.relocate import relocate_blob, scan_blob, splice_blobs
+from pc_cpu.engine.relocate import BLOBS, relocate_blob, scan_blob, splice_blobs
 from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
@@ -62,6 +62,7 @@ class DocumentEncoder:
         self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
         self.model_id = prompts.model.info.fingerprint
         self.encoded = 0  # preambles and documents this instance computed
+        self._buffer = bytearray()  # the last prompt's assembled cells (_assembled), grown to the largest
 
     def check_supported(self) -> None:
         """Raises DocumentError when this model's cells cannot be moved (so documents cannot be placed)."""
@@ -148,15 +149,33 @@ class DocumentEncoder:
         The last tail token's logits are then ready to sample from.
         """
         self.prompts.seq_rm(slot)
-        moved = [self.move(piece, slot) for piece in pieces]
-        if prompt.recomputed:
-            moved = self._recompute(prompt, moved, slot)
-        joined = splice_blobs(moved)
-        blob = bytearray(joined) if not isinstance(joined, bytearray) else joined  # one piece: not the stored bytes
-        self.prompts.state_set(slot, state_blob.restream_in_place(blob, self.prompts.n_stream))
+        if self.ropes is not None and not prompt.recomputed:
+            self.prompts.state_set(slot, self._assembled(pieces))
+        else:
+            moved = [self.move(piece, slot) for piece in pieces]
+            if prompt.recomputed:
+                moved = self._recompute(prompt, moved, slot)
+            joined = splice_blobs(moved)
+            blob = bytearray(joined) if not isinstance(joined, bytearray) else joined  # one piece: not the stored bytes
+            self.prompts.state_set(slot, state_blob.restream_in_place(blob, self.prompts.n_stream))
         start = prompt.tail_start
         self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
         return prompt.end
+
+    def _assembled(self, pieces: list[Piece]) -> memoryview:
+        """Returns the restore blob of the pieces moved into place, in a buffer reused by the next prompt.
+
+        One pass of the C library (pc_state_assemble): each piece is copied once, its K turned on
+        the way. A buffer kept across prompts, not a fresh one: mapping ~10-100 MB of new pages
+        cost more than the copy (bench/RESULTS.md, "RAG workload").
+        """
+        blobs, deltas = [p.blob for p in pieces], [p.delta for p in pieces]
+        try:
+            n = BLOBS.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
+        except BufferError:  # a view of the last prompt's bytes outlived it (a traceback holds one): start afresh
+            self._buffer = bytearray()
+            n = BLOBS.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
+        return memoryview(self._buffer)[:n]
 
     def _recompute(self, prompt: DocumentPrompt, moved: list, empty: int) -> list:
         """Returns blobs holding the prompt's cells before its tail, with `prompt.recomputed` computed again.

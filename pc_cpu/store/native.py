@@ -4,7 +4,7 @@ The library is looked for next to the package's modules (``pc_cpu/libpc_native.s
 ``.dylib`` or ``pc_native.dll``; scikit-build installs it there). When it is absent or
 reports another ABI version, :func:`available` is False and callers use the numpy
 implementation, which produces the same bytes. Both expose ``scan``, ``splice_size``,
-``splice``, ``splice_into`` and ``relocate`` with the same signatures, results and
+``splice``, ``splice_into``, ``relocate``, ``assemble`` and ``assemble_into`` with the same signatures, results and
 ``StateBlobError.code``:
 
     impl = native if native.available() else state_blob
@@ -26,7 +26,7 @@ from pc_cpu.store.state_blob import BlobLike, RopeParams, StateBlobInfo
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 2  # PC_NATIVE_VERSION in native/pc_state.h
+ABI_VERSION = 3  # PC_NATIVE_VERSION in native/pc_state.h
 _LIB_NAMES = ("libpc_native.so", "libpc_native.dylib", "pc_native.dll")
 _INT32 = (-2**31, 2**31 - 1)
 PC_ERR_CAPACITY = -8
@@ -99,6 +99,14 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.pc_state_relocate_caches.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope),
                                              ctypes.c_uint32]
     lib.pc_state_relocate_caches.restype = ctypes.c_int
+    # int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas,
+    #                       size_t n_blobs, const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
+    #                       uint8_t *out, size_t out_capacity, size_t *out_size);
+    lib.pc_state_assemble.argtypes = [ctypes.POINTER(_u8p), ctypes.POINTER(ctypes.c_size_t),
+                                      ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t, ctypes.POINTER(_Rope),
+                                      ctypes.c_uint32, ctypes.c_uint32, _u8p, ctypes.c_size_t,
+                                      ctypes.POINTER(ctypes.c_size_t)]
+    lib.pc_state_assemble.restype = ctypes.c_int
 
 
 def library_path() -> Path | None:
@@ -277,3 +285,51 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
     if status:
         raise _error(status, "cannot relocate: ")
     return out
+
+
+def assemble(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
+             n_stream: int) -> bytearray:
+    """Moves and splices blobs into one restore blob; see :func:`pc_cpu.store.state_blob.assemble`."""
+    need = _assemble(blobs, deltas, rope, n_stream, None)
+    out = bytearray(need)
+    _assemble(blobs, deltas, rope, n_stream, out)
+    return out
+
+
+def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
+                  n_stream: int, out: bytearray) -> int:
+    """Like :func:`assemble`, into the start of `out`, grown when too small; returns the bytes written."""
+    if not isinstance(out, bytearray):
+        raise StateBlobError(f"output must be a bytearray (it may be grown), not {type(out).__name__}",
+                             code="argument")
+    need = _assemble(blobs, deltas, rope, n_stream, out)
+    if need > len(out):
+        out.extend(bytes(need - len(out)))
+        _assemble(blobs, deltas, rope, n_stream, out)
+    return need
+
+
+def _assemble(blobs, deltas, rope, n_stream: int, out: bytearray | None) -> int:
+    """Runs pc_state_assemble into `out` (None: sizing only); returns the result's size, also when out is too small."""
+    lib = _require()
+    if len(deltas) != len(blobs):
+        raise StateBlobError(f"cannot assemble: {len(blobs)} blobs but {len(deltas)} deltas", code="argument")
+    if not all(_INT32[0] <= d <= _INT32[1] for d in deltas):
+        raise StateBlobError(f"cannot assemble: a delta of {list(deltas)} is not an int32", code="argument")
+    ropes = rope if isinstance(rope, tuple) else (rope,) if rope is not None else ()
+    if not all(isinstance(r, RopeParams) for r in ropes):
+        ropes = ()  # refused by the C library as PC_ERR_ARGUMENT when a blob moves
+    c_ropes = (_Rope * max(len(ropes), 1))(*(_rope_struct(r) for r in ropes))
+    arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
+    c_deltas = (ctypes.c_int32 * max(len(deltas), 1))(*deltas)
+    dst = (ctypes.c_uint8 * len(out)).from_buffer(out) if out else None
+    need = ctypes.c_size_t(0)
+    status = lib.pc_state_assemble(ptrs, sizes, c_deltas, len(blobs), c_ropes if ropes else None, len(ropes),
+                                   n_stream if 0 <= n_stream < 2**32 else 0, dst, len(out) if out else 0,
+                                   ctypes.byref(need))
+    del dst  # release the export so the buffer stays resizable
+    if status == PC_ERR_CAPACITY:
+        return need.value
+    if status:
+        raise _splice_error(lib, status, blobs) if status != -4 else _error(status, "cannot assemble: ")
+    return need.value

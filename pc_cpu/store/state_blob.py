@@ -676,6 +676,39 @@ def restream_in_place(blob: bytearray, n_stream: int) -> bytearray:
 STREAM_COUNT_OFFSET = 8  # after the magic and the sequence id: the first cache's stream count
 
 
+def assemble(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
+             n_stream: int) -> bytearray:
+    """Returns one restore blob for a context of `n_stream` streams: blob i moved by deltas[i], all spliced.
+
+    The same bytes as relocating each moved blob, splicing them and restreaming the result; the
+    C library (pc_state_assemble) does it in one pass, without the relocated copies. `rope` is
+    used only for blobs that move (deltas[i] != 0). Raises StateBlobError as those steps do, a
+    malformed blob first, and "argument" for mismatched lengths or n_stream outside 1..256.
+    """
+    if len(deltas) != len(blobs) or not blobs:
+        raise _error("argument", f"cannot assemble: {len(blobs)} blobs and {len(deltas)} deltas")
+    if not 1 <= n_stream <= MAX_STREAM:
+        raise _error("argument", f"n_stream={n_stream}: must be 1..{MAX_STREAM}")
+    _parse_all(blobs)  # a malformed blob is reported before a bad move, as the C library does
+    moved = [relocate(blob, delta, rope) if delta else blob for blob, delta in zip(blobs, deltas)]
+    return restream(splice(moved), n_stream)
+
+
+def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
+                  n_stream: int, out: bytearray) -> int:
+    """Like :func:`assemble`, into the start of `out`, grown when too small; returns the bytes written.
+
+    Reuse `out` across prompts: a fresh 100 MB buffer costs more to map than the assembly itself.
+    """
+    if not isinstance(out, bytearray):
+        raise _error("argument", f"output must be a bytearray (it may be grown), not {type(out).__name__}")
+    result = assemble(blobs, deltas, rope, n_stream)
+    if len(result) > len(out):
+        out.extend(bytes(len(result) - len(out)))
+    out[:len(result)] = result
+    return len(result)
+
+
 # --- relocate --------------------------------------------------------------------------------
 
 def _rope_error(rope: RopeParams) -> str | None:

@@ -50,7 +50,7 @@ def test_rag_markdown_and_relocation(nq_data, tiny_model_path, capsys):
                                "--json"], capsys)
     assert code == 0, err
     r = json.loads(out)
-    assert r["c_path_ms_median"] > 0 and r["seq_add_path_ms_median"] > 0
+    assert r["c_path_ms_median"] > 0 and r["seq_add_path_ms_median"] > 0 and r["one_pass_ms_median"] > 0
     assert set(r["paired"]) == {"moved_minus_at_position", "moved_minus_full", "at_position_minus_full"}
     assert 0 <= r["accuracy_moved"] <= 1
 

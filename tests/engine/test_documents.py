@@ -107,6 +107,31 @@ def test_relocating_by_zero_changes_no_byte(cache_with_store):
     assert bytes(impl.relocate(blob, 0, cache._documents.ropes)) == blob
 
 
+def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
+    # `ask` assembles a prompt with one call of the C library into a buffer it reuses; its bytes
+    # must be those of the relocator then the splicer, and a view of the last prompt's bytes that
+    # is still held (the buffer cannot grow under it) must not break the next prompt.
+    cache = cache_with_store()
+    encoder = cache._documents
+    if encoder.ropes is None:
+        pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
+    ids = [cache.add_document(text) for text in (PARIS, FUJI, PARIS + " It is also known for its cafes.")]
+
+    def pieces(docs):
+        work = DocumentWork(_prompt(cache, QUESTION, docs), encoder, True)
+        work.prepare()
+        return work._pieces
+
+    def steps(parts):
+        moved = [encoder.move(p, empty=0) for p in parts]
+        return bytes(state_blob.restream(state_blob.splice(moved), encoder.prompts.n_stream))
+
+    small, large = pieces(ids[:1]), pieces([ids[2], ids[0], ids[1]])
+    held = encoder._assembled(small)
+    assert bytes(held) == steps(small)
+    assert bytes(encoder._assembled(large)) == steps(large)
+
+
 def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_store):
     # RoPE makes attention depend on relative positions only, so a document computed after its
     # preamble and then moved by d equals, up to the F16 rounding of the re-rotation, the same

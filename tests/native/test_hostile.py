@@ -27,10 +27,11 @@ FUZZ = settings(max_examples=300, deadline=None, database=None,
 
 
 def _same_everywhere(blob: bytes) -> None:
-    """scan, splice (alone and with a valid partner) and relocate agree between implementations."""
+    """scan, splice (alone and with a valid partner), relocate and assemble agree between implementations."""
     calls = [("scan", (blob,)), ("splice", ([blob],)), ("splice", ([PARTNER, blob],)),
              ("splice_size", ([blob, PARTNER],)), ("relocate", (blob, 7, ROPE)),
-             ("relocate", (blob, -3, ROPE))]
+             ("relocate", (blob, -3, ROPE)), ("assemble", ([PARTNER, blob], [0, 30], ROPE, 2)),
+             ("assemble", ([blob, PARTNER], [-2, 0], ROPE, 1)), ("assemble", ([blob], [0], None, 3))]
     for name, args in calls:
         got = outcome(getattr(native, name), *args)
         want = outcome(getattr(state_blob, name), *args)
