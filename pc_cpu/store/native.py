@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 ABI_VERSION = 3  # PC_NATIVE_VERSION in native/pc_state.h
 _LIB_NAMES = ("libpc_native.so", "libpc_native.dylib", "pc_native.dll")
 _INT32 = (-2**31, 2**31 - 1)
+PC_ERR_ARGUMENT = -4
 PC_ERR_CAPACITY = -8
 
 # pc_status -> StateBlobError.code and the sentence that explains it.
@@ -331,5 +332,5 @@ def _assemble(blobs, deltas, rope, n_stream: int, out: bytearray | None) -> int:
     if status == PC_ERR_CAPACITY:
         return need.value
     if status:
-        raise _splice_error(lib, status, blobs) if status != -4 else _error(status, "cannot assemble: ")
+        raise _error(status, "cannot assemble: ") if status == PC_ERR_ARGUMENT else _splice_error(lib, status, blobs)
     return need.value
