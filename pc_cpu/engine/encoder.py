@@ -103,20 +103,67 @@ def place_blob(ctx: Context, blob, start: int, end: int, *, scratch: int, librar
         ctx.seq_rm(scratch)
 
 
-def encode_at_home(ctx: Context, jobs: list[EncodeJob], shift: int, rope, workspace: Workspace, *, scratch: int,
-                   library: int, pin: int, on_computed: OnComputed | None = None) -> list[bytes]:
+def encode_at_home(ctx: Context, jobs: list[EncodeJob], shift: int, rope, workspace: Workspace | None, *,
+                   scratch: int, library: int, pin: int, hold: int | None = None,
+                   on_computed: OnComputed | None = None) -> list[bytes]:
     """Returns the blobs of a module computed at its home (pml.encoding.home_jobs), after placing them `shift` later.
 
     The blobs are what the byte tiers keep: a restore moves them by the same relocator,
-    so cells placed from a store are the bytes placed right after encoding.
+    so cells placed from a store are the bytes placed right after encoding. Each job is
+    computed in the `workspace`, or, for sliding-window models (which have none), in the
+    library context with `hold` (compute_in_library).
     """
     blobs = []
     for job in jobs:
-        blob = compute_in_workspace(ctx, job, workspace, on_computed=on_computed)
-        blobs.append(blob)
-        place_blob(ctx, relocate_blob(blob, shift, rope), job.run.start + shift, job.run.end + shift,
-                   scratch=scratch, library=library, pin=pin)
+        if workspace is not None:
+            computed = [compute_in_workspace(ctx, job, workspace, on_computed=on_computed)]
+        elif hold is not None:
+            computed = compute_in_library(ctx, job, scratch=scratch, hold=hold, on_computed=on_computed)
+        else:
+            raise EngineError("encode_at_home needs a workspace or a hold sequence to compute in")
+        for blob in computed:
+            place_blob(ctx, relocate_blob(blob, shift, rope), job.run.start + shift, job.run.end + shift,
+                       scratch=scratch, library=library, pin=pin)
+        blobs.extend(computed)
     return blobs
+
+
+def compute_in_library(ctx: Context, job: EncodeJob, *, scratch: int, hold: int,
+                       on_computed: OnComputed | None = None) -> list[bytes]:
+    """Returns the state blobs of the job's run computed after its context in `scratch`, one per whole-state span.
+
+    This is the home computation of sliding-window models. Their workspace stream could not
+    keep a long run's first cells: llama.cpp reuses a sliding-window cell held by one
+    sequence once it is a window behind (pin_cells). Here each batch of the run is also
+    held by the empty `hold` sequence as soon as it is computed; the pin cannot serve,
+    since it holds library cells at these positions too, and a state must be read from a
+    sequence holding the run alone. It is read span by span (Context.whole_state_spans),
+    because a state of a sequence longer than the window leaves its masked cells out.
+    The context is computed in a batch of its own, then the run, as in compute_in_workspace.
+    """
+    run = job.run
+
+    def keep(lo: int, hi: int) -> None:
+        ctx.seq_cp(scratch, hold, run.start + lo, run.start + hi)
+        if on_computed is not None:
+            on_computed(hi - lo)
+
+    ctx.seq_rm(scratch)
+    ctx.seq_rm(hold)
+    try:
+        if job.context:
+            ctx.decode(job.context, range(job.first_position, run.start), scratch, logits_last=False)
+        ctx.decode(run.tokens, range(run.start, run.end), scratch, logits_last=False, after_chunk=keep)
+        ctx.seq_rm(scratch)
+        blobs = []
+        for a, b in ctx.whole_state_spans(run.start, run.end):
+            ctx.seq_cp(hold, scratch, a, b)
+            blobs.append(ctx.state_get(scratch))
+            ctx.seq_rm(scratch)
+        return blobs
+    finally:
+        ctx.seq_rm(scratch)
+        ctx.seq_rm(hold)
 
 
 def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: int) -> None:

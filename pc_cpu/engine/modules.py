@@ -58,9 +58,11 @@ class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
     def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
-                 mode: str, workspace: Workspace | None = None, rope: tuple[RopeParams, ...] | None = None):
+                 mode: str, workspace: Workspace | None = None, hold: int | None = None,
+                 rope: tuple[RopeParams, ...] | None = None):
         self.ctx = ctx
         self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
+        self.hold = hold  # sliding-window models: holds a module computed at home in this context (encoder.compute_in_library)
         self.resident = resident
         self.store = store
         self.scratch = scratch
@@ -68,9 +70,9 @@ class ModuleCache:
         self.mode = mode
         self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
         # Modules are computed at their home and moved into place (pml.encoding.home_shift) when the
-        # relocator can move this model's cells and a workspace computes them from slot 0; otherwise
-        # in place, and editing a module's length re-encodes the modules after it.
-        self.at_home = workspace is not None and rope is not None
+        # relocator can move this model's cells and there is somewhere to compute them (a workspace, or
+        # the hold); otherwise in place, and editing a module's length re-encodes the modules after it.
+        self.at_home = rope is not None and (workspace is not None or hold is not None)
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
@@ -145,7 +147,8 @@ class ModuleCache:
         try:
             if shift:
                 blobs = encode_at_home(self.ctx, home_jobs(layout, key, self.mode), shift, self.rope, self.workspace,
-                                       scratch=self.scratch, library=library, pin=self.pin, on_computed=notify)
+                                       scratch=self.scratch, library=library, pin=self.pin, hold=self.hold,
+                                       on_computed=notify)
             else:
                 encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
                            library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,

@@ -173,3 +173,48 @@ def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, cap
         second.load_schema(LONG)
         assert second.modules.encoded == 1
     assert "lacks sliding-window cells" in caplog.text
+
+
+# A long module after a short one: computed at its home (right after the preamble) and moved into place.
+# The keeper's name goes in near doc's start: its tokens attend to doc's first cells, which lie more
+# than a window behind doc's end, so a state read whole (not in spans) would lack them.
+MOVED = ('<schema name="moved">Answer from the document.\n<module name="intro">Lamps of the coast.</module>'
+         '<module name="doc">The keeper was <param name="who" len="6"/>. '
+         + " ".join(lamps(k) for k in range(8)) + "</module></schema>")
+LONGER_INTRO = MOVED.replace("Lamps of the coast.", "Lamps of the coast, listed by the harbour office in 1950.")
+ASK_KEEPER = '<prompt schema="moved"><intro/><doc who="Ada Byron"/>\nWho was the keeper?</prompt>'
+
+
+def test_a_module_longer_than_the_window_is_computed_at_home_moved_and_kept_whole(tmp_path):
+    with gemma(store=tmp_path) as first:
+        first.load_schema(MOVED)
+        layout = first.layout("moved")
+        doc = layout.modules["doc"]
+        assert first.modules.shift_of(layout, "doc") > 0 and doc.end - doc.start > first.model.info.n_swa
+        library = first.modules.sequence_of(layout, "doc")
+        assert set(range(doc.start, doc.end)) <= set(all_cells(first, library))  # every cell, at its place
+    with gemma(store=tmp_path) as warm:
+        warm.load_schema(LONGER_INTRO)  # doc moves: its stored home cells serve, moved to the new place
+        assert warm.modules.encoded == 1  # intro only
+        layout = warm.layout("moved")
+        doc = layout.modules["doc"]
+        library = warm.modules.sequence_of(layout, "doc")
+        assert set(range(doc.start, doc.end)) <= set(all_cells(warm, library))
+        moved = warm.generate(ASK_KEEPER, max_tokens=6)
+        baseline = warm.generate(ASK_KEEPER, max_tokens=6, use_cache=False)
+    with gemma(store=tmp_path / "cold") as cold:
+        cold.load_schema(LONGER_INTRO)
+        fresh = cold.generate(ASK_KEEPER, max_tokens=6)
+    assert moved.token_ids == fresh.token_ids  # same tokens, same answer, whether doc was moved or computed here
+    assert "Ada" in moved.text and "Ada" in baseline.text
+
+
+def test_a_sliding_window_model_keeps_a_sequence_for_the_hold():
+    from pc_cpu.errors import PromptCacheError
+
+    with pytest.raises(PromptCacheError, match=r"parallel=5: this sliding-window model needs n_seq_max-4 \(4\)"):
+        gemma(n_seq_max=8, parallel=5)
+    with gemma(n_seq_max=8, parallel=4) as cache:  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
+        assert cache.modules.hold == 7
+        cache.load_schema(MOVED)
+        assert "Ada" in cache.generate(ASK_KEEPER, max_tokens=6).text
