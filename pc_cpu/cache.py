@@ -10,8 +10,8 @@ modules resident and assembles prompts from them; its sequence ids are the
 staging sequences 0..parallel-1 (one per prompt slot), the scratch sequence
 where modules are computed, the pin (it holds every resident cell as well, so
 llama.cpp never reuses one: pc_cpu.engine.encoder.pin_cells), then library
-sequences (pc_cpu.store.resident), and on sliding-window models last the hold
-(pc_cpu.engine.encoder.compute_in_library). The prompt context gives each prompt slot a
+sequences (pc_cpu.store.resident), and last the hold, where encodings computed
+at their home are kept while they are read (pc_cpu.engine.encoder.compute_in_library). The prompt context gives each prompt slot a
 stream of its own, where an assembled prompt is moved in position order, its
 text computed and its answer generated (pc_cpu.engine.streams,
 pc_cpu.engine.scheduler).
@@ -94,17 +94,11 @@ class PromptCache:
             verbose: show llama.cpp's own log.
         """
         self.encoding = check_mode(encoding)
-        if not 1 <= parallel <= n_seq_max - 3:
-            raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-3 ({n_seq_max - 3}); "
-                                   "two sequences are the scratch and the pin, and at least one holds modules")
+        if not 1 <= parallel <= n_seq_max - 4:
+            raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-4 ({n_seq_max - 4}); "
+                                   "three sequences are the scratch, the pin and the hold, and at least one "
+                                   "holds modules")
         self.model = Model(resolve_model_path(model), verbose=verbose)
-        # Sliding-window models compute modules in the library context, held by one more sequence.
-        hold = n_seq_max - 1 if self.model.info.n_swa else None
-        if hold is not None and parallel > n_seq_max - 4:
-            self.model.close()
-            raise PromptCacheError(f"parallel={parallel}: this sliding-window model needs n_seq_max-4 "
-                                   f"({n_seq_max - 4}) at most; the scratch, the pin and the hold sequence "
-                                   "come first, and at least one sequence holds modules")
         n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
         config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
         try:
@@ -123,7 +117,8 @@ class PromptCache:
         self._schemas: dict[str, LoadedSchema] = {}
         # Sequence ids: prompt slots 0..parallel-1, then the scratch, the pin, and library sequences.
         self.scratch_seq = parallel
-        self._resident = ResidentTier(list(range(parallel + 2, n_seq_max if hold is None else hold)))
+        hold = n_seq_max - 1  # holds what is computed in this context (pc_cpu.engine.encoder.compute_in_library)
+        self._resident = ResidentTier(list(range(parallel + 2, hold)))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
         disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
         self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None)
@@ -131,8 +126,8 @@ class PromptCache:
         self._document_tokens_lock = threading.Lock()
         ropes = _cache_ropes(self.model)
         self._documents = DocumentEncoder(self.prompts, parallel, self.store, ropes)
-        # Sliding-window models encode in the library: their long runs rely on the pin, or the hold, there.
-        workspace = None if hold is not None else Workspace(self.prompts, parallel)
+        # Sliding-window models compute modules in the library context: their long runs need the hold there.
+        workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
                                    mode=self.encoding, workspace=workspace, hold=hold, rope=ropes)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order

@@ -103,28 +103,30 @@ def place_blob(ctx: Context, blob, start: int, end: int, *, scratch: int, librar
         ctx.seq_rm(scratch)
 
 
-def encode_at_home(ctx: Context, jobs: list[EncodeJob], shift: int, rope, workspace: Workspace | None, *,
-                   scratch: int, library: int, pin: int, hold: int | None = None,
+def encode_at_home(ctx: Context, jobs: list[EncodeJob] | ScaffoldJob, shift: int, rope, workspace: Workspace | None,
+                   *, scratch: int, library: int, pin: int, hold: int,
                    on_computed: OnComputed | None = None) -> list[bytes]:
-    """Returns the blobs of a module computed at its home (pml.encoding.home_jobs), after placing them `shift` later.
+    """Returns the blobs of an encoding computed at its home (pml.encoding.home_jobs), after placing them `shift` later.
 
     The blobs are what the byte tiers keep: a restore moves them by the same relocator,
-    so cells placed from a store are the bytes placed right after encoding. Each job is
-    computed in the `workspace`, or, for sliding-window models (which have none), in the
-    library context with `hold` (compute_in_library).
+    so cells placed from a store are the bytes placed right after encoding. A module's jobs
+    are computed in the `workspace`, or, for sliding-window models (which have none), in
+    the library context with `hold` (compute_in_library); a scaffold's job (home_scaffold_job)
+    in the library context too (compute_scaffold_in_library).
     """
+    if isinstance(jobs, ScaffoldJob):
+        computed = [(compute_scaffold_in_library(ctx, jobs, rope, scratch=scratch, hold=hold, on_computed=on_computed),
+                     jobs.runs[0].start, jobs.runs[-1].end)]
+    else:
+        computed = [([compute_in_workspace(ctx, job, workspace, on_computed=on_computed)] if workspace is not None
+                     else compute_in_library(ctx, job, scratch=scratch, hold=hold, on_computed=on_computed),
+                     job.run.start, job.run.end) for job in jobs]
     blobs = []
-    for job in jobs:
-        if workspace is not None:
-            computed = [compute_in_workspace(ctx, job, workspace, on_computed=on_computed)]
-        elif hold is not None:
-            computed = compute_in_library(ctx, job, scratch=scratch, hold=hold, on_computed=on_computed)
-        else:
-            raise EngineError("encode_at_home needs a workspace or a hold sequence to compute in")
-        for blob in computed:
-            place_blob(ctx, relocate_blob(blob, shift, rope), job.run.start + shift, job.run.end + shift,
+    for parts, start, end in computed:
+        for blob in parts:
+            place_blob(ctx, relocate_blob(blob, shift, rope), start + shift, end + shift,
                        scratch=scratch, library=library, pin=pin)
-        blobs.extend(computed)
+        blobs += parts
     return blobs
 
 
@@ -155,15 +157,50 @@ def compute_in_library(ctx: Context, job: EncodeJob, *, scratch: int, hold: int,
             ctx.decode(job.context, range(job.first_position, run.start), scratch, logits_last=False)
         ctx.decode(run.tokens, range(run.start, run.end), scratch, logits_last=False, after_chunk=keep)
         ctx.seq_rm(scratch)
+        return _held_blobs(ctx, hold, scratch, run.start, run.end)
+    finally:
+        ctx.seq_rm(scratch)
+        ctx.seq_rm(hold)
+
+
+def compute_scaffold_in_library(ctx: Context, job: ScaffoldJob, rope, *, scratch: int, hold: int,
+                                on_computed: OnComputed | None = None) -> list[bytes]:
+    """Returns the state blobs of a scaffold's runs computed jointly, each moved to its own position in the job.
+
+    The runs are computed back to back after the context, held by `hold` batch by batch
+    (compute_in_library says why), read back span by span, and each blob moved by the
+    relocator from where its run was computed to where the job puts it. seq_add would move
+    them too, but its K-shift is applied only by a decode, which could reuse the cells of a
+    sliding-window model that `hold` alone still holds.
+    """
+    def keep(a: int, b: int) -> None:
+        ctx.seq_cp(scratch, hold, a, b)
+        if on_computed is not None:
+            on_computed(b - a)
+
+    ctx.seq_rm(scratch)
+    ctx.seq_rm(hold)
+    try:
+        _decode_after_context(ctx, scratch, (), job.context, job.tokens, job.runs[0].start, lambda _: None, keep)
+        ctx.seq_rm(scratch)
         blobs = []
-        for a, b in ctx.whole_state_spans(run.start, run.end):
-            ctx.seq_cp(hold, scratch, a, b)
-            blobs.append(ctx.state_get(scratch))
-            ctx.seq_rm(scratch)
+        for run, computed in zip(job.runs, job.computed_starts()):
+            blobs += [relocate_blob(blob, run.start - computed, rope)
+                      for blob in _held_blobs(ctx, hold, scratch, computed, computed + len(run.tokens))]
         return blobs
     finally:
         ctx.seq_rm(scratch)
         ctx.seq_rm(hold)
+
+
+def _held_blobs(ctx: Context, hold: int, scratch: int, start: int, end: int) -> list[bytes]:
+    """Returns the state blobs of `hold`'s cells in [start, end), one per whole-state span, read through the empty `scratch`."""
+    blobs = []
+    for a, b in ctx.whole_state_spans(start, end):
+        ctx.seq_cp(hold, scratch, a, b)
+        blobs.append(ctx.state_get(scratch))
+        ctx.seq_rm(scratch)
+    return blobs
 
 
 def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: int) -> None:

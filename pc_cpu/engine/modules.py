@@ -21,8 +21,8 @@ from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import Workspace, encode_at_home, encode_key, pin_cells
 from pc_cpu.engine.relocate import relocate_blob, scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
-from pc_cpu.pml.encoding import (encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs, home_jobs,
-                                 home_shift)
+from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
+                                 encoding_runs, home_jobs, home_scaffold_job, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import parts, state_blob
 from pc_cpu.store.entry import Entry
@@ -58,21 +58,21 @@ class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
     def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
-                 mode: str, workspace: Workspace | None = None, hold: int | None = None,
+                 mode: str, hold: int, workspace: Workspace | None = None,
                  rope: tuple[RopeParams, ...] | None = None):
         self.ctx = ctx
         self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
-        self.hold = hold  # sliding-window models: holds a module computed at home in this context (encoder.compute_in_library)
+        self.hold = hold  # holds what is computed at home in this context (encoder.compute_in_library)
         self.resident = resident
         self.store = store
         self.scratch = scratch
         self.pin = pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
         self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
-        # Modules are computed at their home and moved into place (pml.encoding.home_shift) when the
-        # relocator can move this model's cells and there is somewhere to compute them (a workspace, or
-        # the hold); otherwise in place, and editing a module's length re-encodes the modules after it.
-        self.at_home = rope is not None and (workspace is not None or hold is not None)
+        # Encodings are computed at their home and moved into place (pml.encoding.home_shift) when the
+        # relocator can move this model's cells; otherwise in place, and editing a module's length
+        # re-encodes the encodings after it.
+        self.at_home = rope is not None
         self.model_id = ctx.model.info.fingerprint
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
@@ -146,7 +146,9 @@ class ModuleCache:
         notify = None if on_computed is None else lambda n: on_computed(key, n)
         try:
             if shift:
-                blobs = encode_at_home(self.ctx, home_jobs(layout, key, self.mode), shift, self.rope, self.workspace,
+                jobs = (home_scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], self.mode)
+                        if key.startswith(SCAFFOLD_PREFIX) else home_jobs(layout, key, self.mode))
+                blobs = encode_at_home(self.ctx, jobs, shift, self.rope, self.workspace,
                                        scratch=self.scratch, library=library, pin=self.pin, hold=self.hold,
                                        on_computed=notify)
             else:

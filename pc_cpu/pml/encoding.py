@@ -96,11 +96,15 @@ def home_shift(layout: Layout, key: str, mode: str) -> int:
     rounding of the rotation, which then no longer depend on how long the text before the
     module is. Editing a module's length leaves the homes, and so the content keys, of the
     modules after it alone (pc_cpu.engine.modules moves home cells into place).
-    Computed in place: ROOT, chain links (their neighbour's resident cells sit at layout
-    positions) and scaffolds (their members' runs are moved apart with seq_add).
+    A scaffold's home is its job's (ScaffoldJob.first_position at 0), its runs as far apart
+    as in the layout. Computed in place: ROOT and chain links, scaffolds included (their
+    neighbour's resident cells sit at layout positions).
     """
-    if key == ROOT or key.startswith(SCAFFOLD_PREFIX):
+    if key == ROOT:
         return 0
+    if key.startswith(SCAFFOLD_PREFIX):
+        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        return 0 if job is None or job.after is not None else job.first_position
     jobs = encode_jobs(layout, key, mode)
     if not jobs or any(job.after is not None for job in jobs):
         return 0
@@ -120,6 +124,15 @@ def home_jobs(layout: Layout, key: str, mode: str) -> list[EncodeJob]:
     if any(job.first_position < 0 for job in moved):  # cannot happen for layouts build_layout makes
         raise SchemaError(f"module {key!r}: its runs' contexts do not fit before its home; report this schema")
     return moved
+
+
+def home_scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | None:
+    """Returns scaffold_job(layout, name, mode) moved to its home (home_shift positions earlier), sharing no context."""
+    job = scaffold_job(layout, name, mode)
+    shift = home_shift(layout, scaffold_key(name), mode)
+    if job is None or shift == 0:
+        return job
+    return ScaffoldJob(name, tuple(Run(r.start - shift, r.tokens) for r in job.runs), job.context, (), job.after)
 
 
 def encoded_after(layout: Layout, key: str, mode: str) -> str | None:
@@ -322,7 +335,8 @@ def encoding_content(layout: Layout, key: str, mode: str, *, at_home: bool = Fal
     """
     check_mode(mode)
     if key.startswith(SCAFFOLD_PREFIX):
-        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        name = key[len(SCAFFOLD_PREFIX):]
+        job = home_scaffold_job(layout, name, mode) if at_home else scaffold_job(layout, name, mode)
         if job is None:
             return content_digest(mode, "scaffold", [])
         return content_digest(mode, "scaffold", job.first_position, list(job.context),

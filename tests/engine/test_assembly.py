@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pc_cpu.cache import PROMPT_SEQ
-from pc_cpu.errors import ArgumentTooLongError, ContextOverflowError, SequenceBudgetError
+from pc_cpu.errors import ArgumentTooLongError, ContextOverflowError, PromptCacheError, SequenceBudgetError
 from tests.conftest import cell_positions
 
 SCHEMA = """<schema name="trip">
@@ -97,7 +97,7 @@ def test_too_long_argument_is_an_error_before_any_work(make_cache):
 
 def test_sequence_budget_evicts_and_is_a_clear_error_when_one_prompt_needs_more(make_cache):
     members = "".join(f'<module name="m{i}">member {i}</module>' for i in range(6))
-    cache = make_cache(n_seq_max=5, parallel=1, n_ctx=256)  # 1 prompt slot, scratch and pin: 2 library sequences
+    cache = make_cache(n_seq_max=5, parallel=1, n_ctx=256)  # 1 prompt slot, scratch, pin and hold: 1 library sequence
     cache.load_schema(f'<schema name="u"><union>{members}</union></schema>')  # members take turns
     assert cache.generate('<prompt schema="u"><m0/> and</prompt>', max_tokens=1).tiers["m0"] == "ram"
     # A folded schema's modules share positions: a prompt importing three needs three sequences at once.
@@ -136,3 +136,12 @@ def test_reloading_a_changed_schema_replaces_its_modules(make_cache):
     cache.load_schema('<schema name="s"><module name="b">second version, longer text</module></schema>')
     assert cache.resident_cells == cache.layout("s").cached_cells
     assert "b" in cache.layout("s").modules and "a" not in cache.layout("s").modules
+
+
+def test_parallel_leaves_a_sequence_for_modules(make_cache):
+    with pytest.raises(PromptCacheError, match=r"parallel=5: must be 1..n_seq_max-4 \(4\); three sequences are"):
+        make_cache(n_seq_max=8, parallel=5)
+    cache = make_cache(n_seq_max=8, parallel=4)  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
+    assert cache.modules.hold == 7
+    cache.load_schema(SCHEMA)
+    assert cache.generate('<prompt schema="trip"><plan days="2"/></prompt>', max_tokens=2).modules

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.engine.encoder import compute_in_library, compute_in_workspace
-from pc_cpu.pml.encoding import encode_jobs, encoding_keys
+from pc_cpu.engine.encoder import compute_in_library, compute_in_workspace, compute_scaffold_in_library
+from pc_cpu.pml.encoding import encode_jobs, encoding_keys, scaffold_job, scaffold_key
 from pc_cpu.store import state_blob
 from tests.engine.test_determinism import prompt_logits
 
@@ -133,22 +133,76 @@ def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(m
     else:  # sliding-window models compute in the library context, in whole-state spans
         in_place = state_blob.splice(compute_in_library(cache.ctx, job, scratch=cache.scratch_seq,
                                                         hold=cache.modules.hold))
-    library, scratch = cache.modules.sequence_of(layout, "n2"), cache.scratch_seq
-    cache.ctx.seq_cp(library, scratch, job.run.start, job.run.end)
-    try:
-        moved = cache.ctx.state_get(scratch)
-    finally:
-        cache.ctx.seq_rm(scratch)
+    moved = resident_state(cache, cache.modules.sequence_of(layout, "n2"), [job.run])
+    check_moved_cells(moved, in_place, list(range(job.run.start, job.run.end)))
 
+
+def resident_state(cache, library: int, runs) -> bytes:
+    """Returns the state bytes of `library`'s cells in `runs`."""
+    try:
+        for run in runs:
+            cache.ctx.seq_cp(library, cache.scratch_seq, run.start, run.end)
+        return cache.ctx.state_get(cache.scratch_seq)
+    finally:
+        cache.ctx.seq_rm(cache.scratch_seq)
+
+
+def check_moved_cells(moved, in_place, positions: list[int]) -> None:
+    """Asserts that cells computed at home and moved hold the in-place cells at `positions`, up to rounding.
+
+    Tolerances: see test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place.
+    """
     # The model's first layers: an iswa model (Gemma 3) saves its sliding-window cache, layer 0 among them, last.
     section = len(state_blob.section_layers(moved)) - 1
 
     def relative_error(layer: int) -> tuple[float, float]:
         (got_pos, *got), (want_pos, *want) = (state_blob.layer_kv(blob, layer, section=section)
                                               for blob in (moved, in_place))
-        assert got_pos.tolist() == want_pos.tolist() == list(range(job.run.start, job.run.end))
+        assert got_pos.tolist() == want_pos.tolist() == positions
         return tuple(float(np.linalg.norm(g - w) / np.linalg.norm(w)) for g, w in zip(got, want))
 
     k0, v0 = relative_error(0)
     assert v0 == 0.0 and k0 < 0.005
     assert max(relative_error(1)) < 0.05
+
+
+def scaffolded(intro: str) -> str:
+    """A schema whose scaffold (two notes with a gap between them) follows a module: the scaffold moves with its length."""
+    return (f'<schema name="sc">{SYSTEM}<module name="intro">{intro}</module><scaffold name="both">'
+            '<module name="a">Note a: shelf 1 holds 7 boxes of tea.</module> And then: '
+            '<module name="b">Note b: shelf 2 holds 14 boxes of tea.</module></scaffold></schema>')
+
+
+def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_cache, tmp_path):
+    # The scaffold is computed at its home and moved into place like a module, so its key, and its
+    # stored cells, do not depend on the length of what comes before it.
+    prompt = '<prompt schema="sc"><intro/><both/><user>How many boxes on shelf 2?</user></prompt>'
+    edited = scaffolded("The tea shop's notes, kept by the owner since 1990.")
+    first = make_cache(store=tmp_path / "warm")
+    first.load_schema(scaffolded("Notes."))
+    first.close()
+    warm = make_cache(store=tmp_path / "warm")
+    warm.load_schema(edited)
+    assert warm.modules.encoded == 1  # intro only: a, b and the scaffold come from the store, moved
+    assert warm.modules.shift_of(warm.layout("sc"), scaffold_key("both")) > 0
+    moved = warm.generate(prompt, max_tokens=6)
+    cold = make_cache(store=tmp_path / "cold")
+    cold.load_schema(edited)
+    fresh = cold.generate(prompt, max_tokens=6)
+    assert moved.token_ids == fresh.token_ids and len(moved.token_ids) > 0
+    assert prompt_logits(warm, prompt).tobytes() == prompt_logits(cold, prompt).tobytes()
+
+
+def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place(make_cache):
+    # Each run is moved from where it was computed (back to back) to its place in the layout, and
+    # the whole scaffold from its home: the cells must sit at the layout's positions, as computed there.
+    cache = make_cache(store=False)
+    cache.load_schema(scaffolded("The tea shop's notes, kept by the owner since 1990."))
+    layout, key = cache.layout("sc"), scaffold_key("both")
+    assert cache.modules.shift_of(layout, key) > 0
+    job = scaffold_job(layout, "both", cache.encoding)  # in place: the context right before the first run
+    assert len(job.runs) == 2  # a gap between them
+    in_place = state_blob.splice(compute_scaffold_in_library(cache.ctx, job, cache.modules.rope,
+                                                             scratch=cache.scratch_seq, hold=cache.modules.hold))
+    moved = resident_state(cache, cache.modules.sequence_of(layout, key), job.runs)
+    check_moved_cells(moved, in_place, [p for run in job.runs for p in range(run.start, run.end)])

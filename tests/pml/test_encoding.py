@@ -6,7 +6,8 @@ import pytest
 
 from pc_cpu.errors import PromptCacheError, SchemaError
 from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after, encoding_content,
-                                 home_jobs, home_shift, scaffold_cells, scaffold_jobs, scaffold_key, encode_cells)
+                                 home_jobs, home_scaffold_job, home_shift, scaffold_cells, scaffold_job, scaffold_jobs,
+                                 scaffold_key, encode_cells)
 from pc_cpu.pml.layout import ROOT
 from tests.pml.conftest import CHATML_MARKUP, layout_of, words
 
@@ -249,11 +250,33 @@ def test_every_run_of_a_module_moves_home_by_the_same_shift(tok, layout):
     assert [(j.run.start, j.first_position) for j in home_jobs(layout, "a", "independent")] == [(0, 0), (2, 1)]
 
 
-def test_chain_links_and_scaffolds_are_computed_in_place(tok):
+def test_chain_links_are_computed_in_place(tok):
     chain = layout_of('<schema name="s">Hi <module name="a">A</module><module name="b">B</module></schema>',
                       tokenizer=tok)
     assert home_shift(chain, "b", "chain") == 0 and home_shift(chain, "b", "preamble") == 1  # after <bos> Hi, A
-    assert home_shift(layout_of(SCAFFOLD, tokenizer=tok), "scaffold:x", "preamble") == 0
+
+
+def scaffold_after(first: str) -> str:
+    return (f'<schema name="s">Notes: <module name="n0">{first}</module><scaffold name="k"><module name="b">B'
+            '</module> and <module name="c">C</module></scaffold></schema>')
+
+
+def test_a_scaffold_after_a_module_has_its_home_where_its_context_starts_at_zero(tok):
+    layout = layout_of(scaffold_after("Cups"), tokenizer=tok)
+    job = scaffold_job(layout, "k", "preamble")
+    shift = home_shift(layout, "scaffold:k", "preamble")
+    assert shift == job.first_position > 0 and home_shift(layout, "scaffold:k", "chain") == 0  # chain: a link
+    home = home_scaffold_job(layout, "k", "preamble")
+    assert home.first_position == 0 and home.shared_context == () and home.context == job.context
+    assert [(r.start + shift, r.tokens) for r in home.runs] == [(r.start, r.tokens) for r in job.runs]
+    assert home_shift(layout_of(SCAFFOLD, tokenizer=tok), "scaffold:x", "preamble") == 0  # right after the preamble
+
+
+def test_lengthening_a_module_keeps_the_home_key_of_a_scaffold_after_it(tok):
+    short, long = (layout_of(scaffold_after(text), tokenizer=tok) for text in ("Cups", "Cups and jars"))
+    assert encoding_content(short, "scaffold:k", "preamble", at_home=True) == encoding_content(
+        long, "scaffold:k", "preamble", at_home=True)
+    assert encoding_content(short, "scaffold:k", "preamble") != encoding_content(long, "scaffold:k", "preamble")
 
 
 def notes_schema(first: str) -> str:
