@@ -11,10 +11,10 @@ staging sequences 0..parallel-1 (one per prompt slot), the scratch sequence
 where modules are computed, the pin (it holds every resident cell as well, so
 llama.cpp never reuses one: pc_cpu.engine.encoder.pin_cells), then library
 sequences (pc_cpu.store.resident), and last the hold, where encodings computed
-at their home are kept while they are read (pc_cpu.engine.encoder.compute_in_library). The prompt context gives each prompt slot a
-stream of its own, where an assembled prompt is moved in position order, its
-text computed and its answer generated (pc_cpu.engine.streams,
-pc_cpu.engine.scheduler).
+at their home are kept while they are read (pc_cpu.engine.encoder.compute_in_library).
+The prompt context gives each prompt slot a stream of its own, where an assembled
+prompt is moved in position order, its text computed and its answer generated
+(pc_cpu.engine.streams, pc_cpu.engine.scheduler).
 """
 
 from __future__ import annotations

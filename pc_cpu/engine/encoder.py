@@ -194,7 +194,7 @@ def compute_scaffold_in_library(ctx: Context, job: ScaffoldJob, rope, *, scratch
 
 
 def _held_blobs(ctx: Context, hold: int, scratch: int, start: int, end: int) -> list[bytes]:
-    """Returns the state blobs of `hold`'s cells in [start, end), one per whole-state span, read through the empty `scratch`."""
+    """Returns the state blobs of `hold`'s cells in [start, end), one per whole-state span, read via the empty `scratch`."""
     blobs = []
     for a, b in ctx.whole_state_spans(start, end):
         ctx.seq_cp(hold, scratch, a, b)

@@ -167,7 +167,7 @@ def check_moved_cells(moved, in_place, positions: list[int]) -> None:
 
 
 def scaffolded(intro: str) -> str:
-    """A schema whose scaffold (two notes with a gap between them) follows a module: the scaffold moves with its length."""
+    """A schema whose scaffold (two notes, a gap between them) follows a module: it moves with the module's length."""
     return (f'<schema name="sc">{SYSTEM}<module name="intro">{intro}</module><scaffold name="both">'
             '<module name="a">Note a: shelf 1 holds 7 boxes of tea.</module> And then: '
             '<module name="b">Note b: shelf 2 holds 14 boxes of tea.</module></scaffold></schema>')

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptCacheError, SchemaError
-from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after, encoding_content,
-                                 home_jobs, home_scaffold_job, home_shift, scaffold_cells, scaffold_job, scaffold_jobs,
-                                 scaffold_key, encode_cells)
+from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after,
+                                 encoding_content, home_jobs, home_scaffold_job, home_shift, scaffold_cells,
+                                 scaffold_job, scaffold_jobs, scaffold_key, encode_cells)
 from pc_cpu.pml.layout import ROOT
 from tests.pml.conftest import CHATML_MARKUP, layout_of, words
 
