@@ -134,14 +134,16 @@ def compute_in_library(ctx: Context, job: EncodeJob, *, scratch: int, hold: int,
                        on_computed: OnComputed | None = None) -> list[bytes]:
     """Returns the state blobs of the job's run computed after its context in `scratch`, one per whole-state span.
 
-    This is the home computation of sliding-window models. Their workspace stream could not
-    keep a long run's first cells: llama.cpp reuses a sliding-window cell held by one
-    sequence once it is a window behind (pin_cells). Here each batch of the run is also
-    held by the empty `hold` sequence as soon as it is computed; the pin cannot serve,
-    since it holds library cells at these positions too, and a state must be read from a
-    sequence holding the run alone. It is read span by span (Context.whole_state_spans),
-    because a state of a sequence longer than the window leaves its masked cells out.
-    The context is computed in a batch of its own, then the run, as in compute_in_workspace.
+    This is the home computation of sliding-window models. A workspace stream cannot give a
+    long run back whole: a state of a sequence longer than the window leaves out its masked
+    window-layer cells, and a stream has no second sequence to read a span through
+    (llama.cpp copies between streams only whole sequences). Here the run is read span by
+    span (Context.whole_state_spans) through `scratch` from the empty `hold` sequence, which
+    shares each batch as soon as it is computed: in this shared cache llama.cpp would
+    otherwise reuse a window-layer cell held by one sequence once it lies a window behind
+    (pin_cells). The pin cannot serve as the hold, since it holds library cells at these
+    positions too. The context is computed in a batch of its own, then the run, as in
+    compute_in_workspace.
     """
     run = job.run
 
