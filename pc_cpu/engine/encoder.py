@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.relocate import relocate_blob
 from pc_cpu.errors import EngineError
-from pc_cpu.pml.encoding import SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, scaffold_job
+from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, home_jobs, home_scaffold_job,
+                                 scaffold_job)
 from pc_cpu.pml.layout import Layout
 from pc_cpu.store import state_blob
 from pc_cpu.store.resident import ResidentTier
@@ -103,24 +104,25 @@ def place_blob(ctx: Context, blob, start: int, end: int, *, scratch: int, librar
         ctx.seq_rm(scratch)
 
 
-def encode_at_home(ctx: Context, jobs: list[EncodeJob] | ScaffoldJob, shift: int, rope, workspace: Workspace | None,
-                   *, scratch: int, library: int, pin: int, hold: int,
-                   on_computed: OnComputed | None = None) -> list[bytes]:
-    """Returns the blobs of an encoding computed at its home (pml.encoding.home_jobs), after placing them `shift` later.
+def encode_key_at_home(ctx: Context, layout: Layout, key: str, *, mode: str, shift: int, rope,
+                       workspace: Workspace | None, scratch: int, library: int, pin: int, hold: int,
+                       on_computed: OnComputed | None = None) -> list[bytes]:
+    """Returns the blobs of encoding `key` computed at its home (pml.encoding.home_shift), placed `shift` later.
 
     The blobs are what the byte tiers keep: a restore moves them by the same relocator,
     so cells placed from a store are the bytes placed right after encoding. A module's jobs
     are computed in the `workspace`, or, for sliding-window models (which have none), in
-    the library context with `hold` (compute_in_library); a scaffold's job (home_scaffold_job)
-    in the library context too (compute_scaffold_in_library).
+    the library context with `hold` (compute_in_library); a scaffold's job in the library
+    context too (compute_scaffold_in_library).
     """
-    if isinstance(jobs, ScaffoldJob):
-        computed = [(compute_scaffold_in_library(ctx, jobs, rope, scratch=scratch, hold=hold, on_computed=on_computed),
-                     jobs.runs[0].start, jobs.runs[-1].end)]
+    if key.startswith(SCAFFOLD_PREFIX):
+        job = home_scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        computed = [(compute_scaffold_in_library(ctx, job, rope, scratch=scratch, hold=hold, on_computed=on_computed),
+                     job.runs[0].start, job.runs[-1].end)]
     else:
         computed = [([compute_in_workspace(ctx, job, workspace, on_computed=on_computed)] if workspace is not None
                      else compute_in_library(ctx, job, scratch=scratch, hold=hold, on_computed=on_computed),
-                     job.run.start, job.run.end) for job in jobs]
+                     job.run.start, job.run.end) for job in home_jobs(layout, key, mode)]
     blobs = []
     for parts, start, end in computed:
         for blob in parts:
@@ -132,34 +134,19 @@ def encode_at_home(ctx: Context, jobs: list[EncodeJob] | ScaffoldJob, shift: int
 
 def compute_in_library(ctx: Context, job: EncodeJob, *, scratch: int, hold: int,
                        on_computed: OnComputed | None = None) -> list[bytes]:
-    """Returns the state blobs of the job's run computed after its context in `scratch`, one per whole-state span.
+    """Returns the state blobs of the job's run computed after its context, one per whole-state span.
 
     This is the home computation of sliding-window models. A workspace stream cannot give a
     long run back whole: a state of a sequence longer than the window leaves out its masked
     window-layer cells, and a stream has no second sequence to read a span through
-    (llama.cpp copies between streams only whole sequences). Here the run is read span by
-    span (Context.whole_state_spans) through `scratch` from the empty `hold` sequence, which
-    shares each batch as soon as it is computed: in this shared cache llama.cpp would
-    otherwise reuse a window-layer cell held by one sequence once it lies a window behind
-    (pin_cells). The pin cannot serve as the hold, since it holds library cells at these
-    positions too. The context is computed in a batch of its own, then the run, as in
-    compute_in_workspace.
+    (llama.cpp copies between streams only whole sequences). Here the run is computed in
+    the library context and held by `hold` (_compute_held), then read span by span
+    (Context.whole_state_spans).
     """
-    run = job.run
-
-    def keep(lo: int, hi: int) -> None:
-        ctx.seq_cp(scratch, hold, run.start + lo, run.start + hi)
-        if on_computed is not None:
-            on_computed(hi - lo)
-
-    ctx.seq_rm(scratch)
-    ctx.seq_rm(hold)
     try:
-        if job.context:
-            ctx.decode(job.context, range(job.first_position, run.start), scratch, logits_last=False)
-        ctx.decode(run.tokens, range(run.start, run.end), scratch, logits_last=False, after_chunk=keep)
-        ctx.seq_rm(scratch)
-        return _held_blobs(ctx, hold, scratch, run.start, run.end)
+        _compute_held(ctx, job.context, job.run.tokens, job.run.start, scratch=scratch, hold=hold,
+                      on_computed=on_computed)
+        return _held_blobs(ctx, hold, scratch, job.run.start, job.run.end)
     finally:
         ctx.seq_rm(scratch)
         ctx.seq_rm(hold)
@@ -169,22 +156,15 @@ def compute_scaffold_in_library(ctx: Context, job: ScaffoldJob, rope, *, scratch
                                 on_computed: OnComputed | None = None) -> list[bytes]:
     """Returns the state blobs of a scaffold's runs computed jointly, each moved to its own position in the job.
 
-    The runs are computed back to back after the context, held by `hold` batch by batch
-    (compute_in_library says why), read back span by span, and each blob moved by the
-    relocator from where its run was computed to where the job puts it. seq_add would move
-    them too, but its K-shift is applied only by a decode, which could reuse the cells of a
-    sliding-window model that `hold` alone still holds.
+    The runs are computed back to back after the context and held (_compute_held), read
+    back span by span, and each blob moved by the relocator from where its run was
+    computed to where the job puts it. seq_add would move them too, but its K-shift is
+    applied only by a decode, which could reuse the cells of a sliding-window model that
+    `hold` alone still holds.
     """
-    def keep(a: int, b: int) -> None:
-        ctx.seq_cp(scratch, hold, a, b)
-        if on_computed is not None:
-            on_computed(b - a)
-
-    ctx.seq_rm(scratch)
-    ctx.seq_rm(hold)
     try:
-        _decode_after_context(ctx, scratch, (), job.context, job.tokens, job.runs[0].start, lambda _: None, keep)
-        ctx.seq_rm(scratch)
+        _compute_held(ctx, job.context, job.tokens, job.runs[0].start, scratch=scratch, hold=hold,
+                      on_computed=on_computed)
         blobs = []
         for run, computed in zip(job.runs, job.computed_starts()):
             blobs += [relocate_blob(blob, run.start - computed, rope)
@@ -195,8 +175,32 @@ def compute_scaffold_in_library(ctx: Context, job: ScaffoldJob, rope, *, scratch
         ctx.seq_rm(hold)
 
 
+def _compute_held(ctx: Context, context: tuple[int, ...], tokens: tuple[int, ...], start: int, *, scratch: int,
+                  hold: int, on_computed: OnComputed | None = None) -> None:
+    """Computes `context` right before `start`, then `tokens` from `start`, leaving only the tokens, held by `hold`.
+
+    Both sequences start empty. The context gets a batch of its own, as in
+    compute_in_workspace. `hold` shares each batch of tokens as soon as it is computed: in
+    the library context llama.cpp would otherwise reuse a window-layer cell held by one
+    sequence once it lies a window behind (pin_cells). The pin cannot serve as the hold,
+    since it holds library cells at these positions too, and a state must be read from
+    a sequence holding these cells alone. The caller empties both sequences afterwards.
+    """
+    def keep(lo: int, hi: int) -> None:
+        ctx.seq_cp(scratch, hold, start + lo, start + hi)
+        if on_computed is not None:
+            on_computed(hi - lo)
+
+    ctx.seq_rm(scratch)
+    ctx.seq_rm(hold)
+    if context:
+        ctx.decode(context, range(start - len(context), start), scratch, logits_last=False)
+    ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False, after_chunk=keep)
+    ctx.seq_rm(scratch)
+
+
 def _held_blobs(ctx: Context, hold: int, scratch: int, start: int, end: int) -> list[bytes]:
-    """Returns the state blobs of `hold`'s cells in [start, end), one per whole-state span, read via the empty `scratch`."""
+    """Returns the state blobs of `hold`'s cells in [start, end), one per whole-state span, read through `scratch`."""
     blobs = []
     for a, b in ctx.whole_state_spans(start, end):
         ctx.seq_cp(hold, scratch, a, b)

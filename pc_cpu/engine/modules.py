@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import Workspace, encode_at_home, encode_key, pin_cells
+from pc_cpu.engine.encoder import Workspace, encode_key, encode_key_at_home, pin_cells
 from pc_cpu.engine.relocate import relocate_blob, scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
-from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
-                                 encoding_runs, home_jobs, home_scaffold_job, home_shift)
+from pc_cpu.pml.encoding import (encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs,
+                                 home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import parts, state_blob
 from pc_cpu.store.entry import Entry
@@ -146,11 +146,9 @@ class ModuleCache:
         notify = None if on_computed is None else lambda n: on_computed(key, n)
         try:
             if shift:
-                jobs = (home_scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], self.mode)
-                        if key.startswith(SCAFFOLD_PREFIX) else home_jobs(layout, key, self.mode))
-                blobs = encode_at_home(self.ctx, jobs, shift, self.rope, self.workspace,
-                                       scratch=self.scratch, library=library, pin=self.pin, hold=self.hold,
-                                       on_computed=notify)
+                blobs = encode_key_at_home(self.ctx, layout, key, mode=self.mode, shift=shift, rope=self.rope,
+                                           workspace=self.workspace, scratch=self.scratch, library=library,
+                                           pin=self.pin, hold=self.hold, on_computed=notify)
             else:
                 encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
                            library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,

@@ -103,8 +103,7 @@ def home_shift(layout: Layout, key: str, mode: str) -> int:
     if key == ROOT:
         return 0
     if key.startswith(SCAFFOLD_PREFIX):
-        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
-        return 0 if job is None or job.after is not None else job.first_position
+        return _scaffold_home_shift(scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode))
     jobs = encode_jobs(layout, key, mode)
     if not jobs or any(job.after is not None for job in jobs):
         return 0
@@ -129,10 +128,14 @@ def home_jobs(layout: Layout, key: str, mode: str) -> list[EncodeJob]:
 def home_scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | None:
     """Returns scaffold_job(layout, name, mode) moved to its home (home_shift positions earlier), sharing no context."""
     job = scaffold_job(layout, name, mode)
-    shift = home_shift(layout, scaffold_key(name), mode)
-    if job is None or shift == 0:
+    shift = _scaffold_home_shift(job)
+    if shift == 0:
         return job
     return ScaffoldJob(name, tuple(Run(r.start - shift, r.tokens) for r in job.runs), job.context, (), job.after)
+
+
+def _scaffold_home_shift(job: ScaffoldJob | None) -> int:
+    return 0 if job is None or job.after is not None else job.first_position
 
 
 def encoded_after(layout: Layout, key: str, mode: str) -> str | None:
