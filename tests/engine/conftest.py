@@ -27,17 +27,22 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-# The 1.5B model takes ~3x the 0.5B's time (the 0.5B's pass of this suite: ~6-11 min on 2 cores): -m slow runs it.
+# The 1.5B model takes ~3x the 0.5B's time (the 0.5B's pass of this suite: ~6-11 min on 2 cores), so
+# only the exactness tests run on it by default (test_exactness.py: EVERY_MODEL); -m slow runs the rest.
+EVERY_MODEL = ["tiny", *MODELS]
 ENGINE_MODELS = ["tiny", *(pytest.param(name, marks=pytest.mark.slow) if name == "qwen2.5-coder-1.5b" else name
                            for name in MODELS)]
+
+
+def model_path(name: str, tiny_model_path):
+    """Returns the path of the tiny model or of a packaged one; skips, naming its extra, when it is not installed."""
+    return tiny_model_path if name == "tiny" else packaged_model_path(name)
 
 
 @pytest.fixture(scope="session", params=ENGINE_MODELS)
 def engine_model(request, tiny_model_path):
     """Returns the path of the model an engine test runs on."""
-    if request.param == "tiny":
-        return tiny_model_path
-    return packaged_model_path(request.param)
+    return model_path(request.param, tiny_model_path)
 
 
 @pytest.fixture

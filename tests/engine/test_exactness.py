@@ -8,9 +8,20 @@ batches: the baseline computes the prompt's tokens in the batches the cache comp
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pc_cpu.cache import PROMPT_SEQ
 from tests.conftest import batched_prefill_logits, prefill_logits
+from tests.engine.conftest import EVERY_MODEL, model_path
+
+
+@pytest.fixture(scope="module", params=EVERY_MODEL)
+def engine_model(request, tiny_model_path):
+    """Returns the path of the model an exactness test runs on: every installed one, the 1.5B included.
+
+    The rest of the engine suite leaves the 1.5B to `-m slow`; these six tests take about a minute on it.
+    """
+    return model_path(request.param, tiny_model_path)
 
 DOC = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, trimmed the wick, "
        "polished the great lens and wrote the weather into a leather book.")
