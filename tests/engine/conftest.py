@@ -50,13 +50,3 @@ def make_cache(engine_model):
     """Returns a factory of PromptCache objects (default: on `engine_model`); closes them after the test."""
     yield from cache_factory(engine_model)
 
-
-def skip_on_sliding_window(cache) -> None:
-    """Skips a test of bit-exactness on sliding-window models (Gemma 3), which still encode in the library.
-
-    Their modules are computed in the library context, among other cells, and their kernels round a
-    token by the batch it is in (tests/conftest.py: batched_prefill_logits), so cached and full-prefill
-    logits agree there only to a tolerance (README, "Same tokens, same answer").
-    """
-    if cache.model.info.n_swa:
-        pytest.skip("sliding-window model: modules are encoded in the library, not from slot 0")

@@ -8,7 +8,6 @@ import pytest
 
 import pc_cpu
 from tests.conftest import batched_prefill_logits, prefill_logits
-from tests.engine.conftest import skip_on_sliding_window
 
 
 @pc_cpu.prompt_program(params={"city": 4})
@@ -59,7 +58,6 @@ def test_compiled_prompt_loads_its_schema_on_first_use_and_imports_what_its_argu
 def test_compiled_union_member_after_the_schema_text_gives_the_full_prefill_logits(make_cache, long):
     prompt = guide(long=long).with_user("Plan it.")
     cache = make_cache()
-    skip_on_sliding_window(cache)
     cached = prefill_logits(cache, guide.schema_pml, prompt, use_cache=True)
     member = cache.layout(guide.name).modules[cache.plan(prompt).modules[-1]]
     # A fresh context, in the batches the cache computed the tokens in (batched_prefill_logits says why).
@@ -70,7 +68,6 @@ def test_compiled_union_member_after_the_schema_text_gives_the_full_prefill_logi
 def test_compiled_prompt_gives_the_greedy_tokens_of_a_fresh_full_prefill(make_cache):
     prompt = guide(long=True).with_user("Plan it.")
     cache = make_cache()
-    skip_on_sliding_window(cache)
     cached = cache.generate(prompt, max_tokens=12)
     fresh = make_cache()
     fresh.load_schema(guide.schema_pml, encode=False)

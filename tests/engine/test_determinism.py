@@ -12,7 +12,6 @@ import pytest
 
 from pc_cpu.cache import PROMPT_SEQ
 from tests.conftest import batched_prefill_logits, smollm2_path
-from tests.engine.conftest import skip_on_sliding_window
 
 PASSAGES = [
     "The lighthouse keeper climbed the spiral stairs every evening at dusk and trimmed the wick.",
@@ -85,7 +84,6 @@ def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
     # The module right after the preamble is computed exactly as a full prefill computes it, in a
     # library whose slots were churned first: its cached logits equal the full prefill's, bit for bit.
     cache = make_cache()
-    skip_on_sliding_window(cache)
     cache.load_schema(OTHER)
     cache.load_schema(SCHEMA)
     cache.evict("lib")

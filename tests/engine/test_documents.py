@@ -10,7 +10,6 @@ from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError,
 from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens, with_recompute
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.store import native, state_blob
-from tests.engine.conftest import skip_on_sliding_window
 from tests.engine.test_scaffold import layer0_keys
 
 PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
@@ -180,7 +179,6 @@ def test_recomputing_every_moved_document_equals_the_full_prefill_bit_for_bit(ca
     # document's cells (its encoded ones: already the full prefill's), so the prompt is a full
     # prefill computed in these batches.
     cache = cache_with_store()
-    skip_on_sliding_window(cache)
     ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
     prompt = _prompt(cache, QUESTION, ids)
     cached = cached_logits(cache, QUESTION, ids, recompute="all")
@@ -196,7 +194,6 @@ def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_e
     # document's encoded cells are that prefill's), and every other cell must keep the bytes of
     # the moved encoding, the cut around the run included.
     cache = cache_with_store()
-    skip_on_sliding_window(cache)
     ids = [cache.add_document(text) for text in (FUJI, PARIS)]
     prompt = _prompt(cache, QUESTION, ids)
     moved_doc = prompt.documents[1]
