@@ -16,6 +16,21 @@ SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'
            "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
            "{% endif %}")
 
+# Qwen2.5's template (its no-tools branch, as in the GGUF): a default system message of its own when
+# the first message is not system, and tool-call branches for assistant turns.
+QWEN25 = ("{%- if messages[0]['role'] == 'system' %}"
+          "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+          "{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+          "assistant.<|im_end|>\n' }}{%- endif %}"
+          "{%- for message in messages %}"
+          "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+          "(message.role == 'assistant' and not message.tool_calls) %}"
+          "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}"
+          "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
+          "{%- if message.content %}{{- '\n' + message.content }}{%- endif %}{{- '<|im_end|>\n' }}"
+          "{%- endif %}{%- endfor %}"
+          "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+
 # Gemma-style: folds the system message into the first user turn, raises on non-alternating roles.
 GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
          "{% set first_user_prefix = messages[0]['content'] + '\n\n' %}{% set loop_messages = messages[1:] %}"
@@ -46,6 +61,18 @@ def test_smollm2_chatml_markup_ignores_the_injected_default_system_message():
         from_template=True,
     )
     assert "SmolLM" not in "".join(markup.prefix.values())
+
+
+def test_qwen25_chatml_markup_leaves_out_its_default_system_message():
+    # A prompt's system turn is the one its PML gives it; the template's default would otherwise
+    # be glued to the first user turn, before any module imported there.
+    markup = markup_from_template(QWEN25, bos_token="", eos_token="<|im_end|>")
+
+    assert markup.prefix == {"system": "<|im_start|>system\n", "user": "<|im_start|>user\n",
+                             "assistant": "<|im_start|>assistant\n"}
+    assert markup.suffix == {role: "<|im_end|>\n" for role in ("system", "user", "assistant")}
+    assert markup.generation_prompt == "<|im_start|>assistant\n"
+    assert "Qwen" not in "".join(markup.prefix.values()) + "".join(markup.suffix.values())
 
 
 def test_gemma_folds_system_into_a_user_turn_and_says_so(caplog):
