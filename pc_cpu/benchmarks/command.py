@@ -146,7 +146,9 @@ def peers(model, threads, quick, as_json):
 @quick_option
 @json_option
 @click.option("--n", "count", type=click.IntRange(0), default=None,
-              help="Questions (default 200, quick 10; 0: only the TTFT run).")
+              help="Questions (default 200, quick 10; 0: only the TTFT run). The NQ items are drawn "
+                   "together, so their passages depend on N: resume or split a run with --start/--stop, "
+                   "never with a smaller N.")
 @click.option("--task", type=click.Choice(["nq", "kv"]), default="nq", show_default=True,
               help="NaturalQuestions with --docs passages, or key-value retrieval with --docs pairs.")
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True,
@@ -155,6 +157,8 @@ def peers(model, threads, quick, as_json):
               help=f"Recompute policy to measure (repeatable; default: {' '.join(DEFAULT_POLICIES)}; "
                    "forms: pc-cpu run --help).")
 @click.option("--start", type=click.IntRange(0), default=0, help="Skip the first START questions (resume a run).")
+@click.option("--stop", type=click.IntRange(0), default=None,
+              help="Stop before question STOP of the N (split a run across processes: --stop K, then --start K).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Append every answer as a JSON line here.")
 @click.option("--plain", is_flag=True, help="Plain-text prompts without chat roles (base models, e.g. Gemma 3 270M).")
 @click.option("--ttft-tokens", type=click.IntRange(0), default=4000, show_default=True,
@@ -172,8 +176,8 @@ def peers(model, threads, quick, as_json):
               help="How modules are encoded (pc_cpu.pml.encoding; default preamble). Repeat it to answer "
                    "each item in every mode from one full prefill; --out then gets the mode before its "
                    "extension (a_chain.jsonl). With --summary, the plot's label.")
-def recompute(model, threads, quick, as_json, count, task, docs, policies, start, out, plain, ttft_tokens, summaries,
-              ttft_json, plot, versus_files, gap, encodings):
+def recompute(model, threads, quick, as_json, count, task, docs, policies, start, stop, out, plain, ttft_tokens,
+              summaries, ttft_json, plot, versus_files, gap, encodings):
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
@@ -199,12 +203,13 @@ def recompute(model, threads, quick, as_json, count, task, docs, policies, start
         count = (10 if quick else 200) if count is None else count
         if task == "kv" and gap:
             raise click.UsageError("--gap is for NQ (--task nq): key-value items have no passages to leave out")
+        if stop is not None and not start < stop <= count:
+            raise click.UsageError(f"--stop {stop}: must lie after --start {start} and at most --n {count}")
         if task == "kv":
             spec, max_tokens = acc.kv_task(docs, 1, chat=not plain), KV_MAX_TOKENS
-            items = evaldata.kv_items(evaldata.load_kv(), docs, count)[start:] if count else []
         else:
             spec, max_tokens = acc.nq_task(docs, chat=not plain), 24
-            items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)[start:] if count else []
+        items = evaldata.run_items(task, docs, count)[start:stop]
         runs = _recompute_runs(model, threads, encodings, items, chosen, spec, max_tokens, gap, out, as_json,
                                ttft_tokens, quick)
     texts, data = [], {}

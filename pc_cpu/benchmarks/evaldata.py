@@ -92,6 +92,20 @@ def load_kv(path: Path | None = None) -> list[dict]:
     return _read_jsonl_gz(path or evaldata_dir() / KV_FILE)
 
 
+def run_items(task: str, n_docs: int, count: int) -> list[DocItem] | list[KVItem]:
+    """Returns the `count` items of a `bench recompute` run: NQ ("nq") or key-value ("kv") items.
+
+    A run's items are drawn together (NQ distractors come from one generator after the questions),
+    so items 93..146 of a 200-item run are not those of a 147-item run: a run is split or resumed by
+    slicing this list, never by asking for fewer items.
+    """
+    if not count:
+        return []
+    if task == "kv":
+        return kv_items(load_kv(), n_docs, count)
+    return doc_items(load_nq(), n_docs, count, seed=0)
+
+
 def doc_items(questions: list[NQQuestion], n_docs: int, count: int, *, seed: int = 0) -> list[DocItem]:
     """Returns `count` N-document items; item i puts the gold passage at position i % n_docs.
 

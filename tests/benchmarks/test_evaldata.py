@@ -68,3 +68,14 @@ def test_bad_sizes_are_refused(fake_dir):
         evaldata.doc_items(evaldata.load_nq(), 0, 3)
     with pytest.raises(ValueError):
         evaldata.kv_items(evaldata.load_kv(), 76, 1)
+
+
+def test_a_run_is_split_by_slicing_its_items_not_by_asking_for_fewer(fake_dir):
+    # NQ distractors are drawn after the questions from one generator, so a 8-item run's items 4..7
+    # are other prompts than items 4..7 of a 10-item run (session 14 split a run that way by mistake).
+    whole = evaldata.run_items("nq", 3, 10)
+    fewer = evaldata.run_items("nq", 3, 8)
+    assert [it.index for it in fewer] == [it.index for it in whole[:8]]
+    assert [it.passages for it in fewer[4:]] != [it.passages for it in whole[4:8]]
+    assert evaldata.run_items("kv", 3, 4)[:2] == evaldata.run_items("kv", 3, 2)
+    assert evaldata.run_items("nq", 3, 0) == []

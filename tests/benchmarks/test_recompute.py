@@ -176,3 +176,29 @@ def test_several_encodings_pair_with_one_full_prefill_per_item(make_cache):
         lines = [json.loads(line) for line in f.getvalue().splitlines()]
         assert [(r["index"], r["policy"]) for r in lines] == [(i, p) for i in (0, 1) for p in ("baseline", "0")]
     assert not any(c.schema_names for c in caches.values())
+
+
+def test_start_and_stop_answer_a_slice_of_the_whole_runs_items(tiny_model_path, tmp_path, monkeypatch):
+    import gzip
+
+    from click.testing import CliRunner
+
+    from pc_cpu.benchmarks import evaldata
+    from pc_cpu.benchmarks.command import bench
+
+    nq = [{"question": f"Who wrote book {i}?", "answers": [f"author {i}"],
+           "ctxs": [{"title": f"T{i}", "text": f"Book {i} was written by author {i}."}]} for i in range(12)]
+    with gzip.open(tmp_path / evaldata.NQ_FILE, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in nq)
+    monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
+    out = tmp_path / "a.jsonl"
+    args = ["recompute", "--model", str(tiny_model_path), "--n", "10", "--docs", "3", "--policy", "0",
+            "--ttft-tokens", "0", "--json"]
+
+    result = CliRunner().invoke(bench, args + ["--start", "4", "--stop", "7", "--out", str(out)])
+
+    assert result.exit_code == 0, result.output
+    answered = list(dict.fromkeys(a.index for a in read_answers([out])))
+    assert answered == [it.index for it in evaldata.run_items("nq", 3, 10)[4:7]]
+    refused = CliRunner().invoke(bench, args + ["--start", "4", "--stop", "4"])
+    assert refused.exit_code != 0 and "--stop 4" in refused.output
