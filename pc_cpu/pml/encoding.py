@@ -135,6 +135,7 @@ def home_scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | Non
 
 
 def _scaffold_home_shift(job: ScaffoldJob | None) -> int:
+    """Returns how far a scaffold's job moves to its home: its first position, or 0 if it has none or is chained."""
     return 0 if job is None or job.after is not None else job.first_position
 
 
