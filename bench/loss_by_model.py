@@ -5,7 +5,7 @@ Each model's loss on a question is its cached answer's score minus its own full 
 paired-bootstrap interval, per policy. Positive: A loses less than B. Both runs must be
 `pc-cpu bench recompute` answer files of the same task, --docs and --n (the same items).
 
-    python bench/loss_by_model.py --a q15_nq5_chain.jsonl --a q15_nq5_b_chain.jsonl --b q05_nq5_chain.jsonl
+    python bench/loss_by_model.py --a bench/results/q15_nq5_chain.jsonl --b bench/results/q05_nq5_chain.jsonl
 """
 
 from __future__ import annotations
