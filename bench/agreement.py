@@ -30,6 +30,7 @@ import numpy as np
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import load_nq
+from pc_cpu.engine.extra_buffers import llama_peer
 from pc_cpu.benchmarks.prompts import document_text, pml_text
 from pc_cpu.model_path import resolve_model_path
 
@@ -117,7 +118,7 @@ def main() -> None:
                 disk.append(second.generate(p, max_tokens=args.max_tokens).token_ids)
             answers["disk"] = disk
     if not args.no_llama:
-        llama = llama_cpp.Llama(str(path), n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
+        llama = llama_peer(path, n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads,
                                 flash_attn=False, verbose=False)
         answers["llama"] = [greedy_llama(llama, t, args.max_tokens) for t in tokens]
         llama.close()

@@ -55,7 +55,9 @@ def encode_modules(n_tokens: int, n_modules: int, flash_attn: bool) -> tuple[lis
 
     quiet = L.llama_log_callback(lambda level, text, user: None)
     L.llama_log_set(quiet, ctypes.c_void_p(0))
-    mp = L.llama_model_default_params()
+    from pc_cpu.engine.extra_buffers import model_params
+
+    mp = model_params()  # AMX only where it survives on this CPU, as pc_cpu loads models
     mp.n_gpu_layers = 0
     model = L.llama_model_load_from_file(str(model_path()).encode(), mp)
     cp = L.llama_context_default_params()

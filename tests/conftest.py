@@ -23,10 +23,10 @@ def smollm2_path() -> pathlib.Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _caches_in_temp_dirs(tmp_path_factory):
-    """Points the disk tier and the cut-down probe models at temp dirs: tests never write to the user's cache."""
+    """Points the disk tier, the cut-down probe models and the AMX verdicts at temp dirs: tests never write to the user's cache."""
     import os
 
-    variables = {"PC_CPU_STORE_DIR": "store", "PC_CPU_PROBE_DIR": "probe"}
+    variables = {"PC_CPU_STORE_DIR": "store", "PC_CPU_PROBE_DIR": "probe", "PC_CPU_CPU_DIR": "cpu"}
     old = {name: os.environ.get(name) for name in variables}
     for name, folder in variables.items():
         os.environ[name] = str(tmp_path_factory.mktemp(folder))

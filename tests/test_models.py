@@ -12,7 +12,7 @@ from pc_cpu import model_files
 from pc_cpu.errors import ModelError
 from pc_cpu.model_files import model_file
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.models import MODELS, PackagedModel, Slice, missing_packages
+from pc_cpu.models import MODELS, PackagedModel, Slice, extra_name, missing_packages
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def test_a_model_not_installed_names_the_extra_that_installs_it(tmp_path):
                           requirements=("pc-no-such-part1==1.0",))
     assert missing_packages(model) == ["pc_no_such_part1"]
     with pytest.raises(ModelError, match=r"model 'fake-2m' is not installed \(missing package 'pc_no_such_part1'\); "
-                                         r"install it with the extra of the same name: pip install \"\.\[fake-2m\]\""):
+                                         r"install it with its extra: pip install \"\.\[fake-2m\]\""):
         model_file(model, tmp_path)
 
 
@@ -94,7 +94,7 @@ def test_an_unknown_name_lists_the_known_ones(monkeypatch):
 def test_an_installed_name_resolves_to_its_pinned_file(name, monkeypatch):
     model = MODELS[name]
     if missing_packages(model):
-        pytest.skip(f"{name} is not installed: pip install \".[{name}]\"")
+        pytest.skip(f"{name} is not installed: pip install \".[{model.extra}]\"")
     path = resolve_model_path(name)
     assert path.stat().st_size == model.size
     with open(path, "rb") as f:
@@ -103,9 +103,19 @@ def test_an_installed_name_resolves_to_its_pinned_file(name, monkeypatch):
     assert resolve_model_path() == path
 
 
-def test_each_model_has_an_extra_of_its_name_and_models_installs_them_all():
+def test_each_model_has_an_extra_and_models_installs_them_all():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for name, model in MODELS.items():
-        assert tuple(extras[name]) == model.requirements, name
-    assert extras["models"] == [f"pc_cpu[{','.join(MODELS)}]"]
+        assert tuple(extras[model.extra]) == model.requirements, name
+    assert extras["models"] == [f"pc_cpu[{','.join(m.extra for m in MODELS.values())}]"]
+
+
+def test_every_extra_is_spelled_as_pip_23_matches_it():
+    # pip 23 compares the extra as typed with the built metadata's normalized spelling: an extra
+    # named "qwen2.5-coder-0.5b" in pyproject installed nothing from `pip install ".[qwen2.5-coder-0.5b]"`.
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [name for name in extras if name != extra_name(name)] == []
+    assert extra_name("qwen2.5-coder-0.5b") == "qwen2-5-coder-0-5b" and extra_name("A_b..c") == "a-b-c"
+    assert MODELS["qwen2.5-coder-1.5b"].extra == "qwen2-5-coder-1-5b"

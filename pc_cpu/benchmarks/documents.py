@@ -130,9 +130,11 @@ def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]
     """Returns TTFT p50/p95 of the same prompts through llama-cpp-python's Llama, plain and with LlamaRAMCache."""
     import llama_cpp
 
+    from pc_cpu.engine.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
+
     result = {}
     for name in ("Llama", "Llama + LlamaRAMCache"):
-        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+        llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
                               verbose=False)
         if "RAMCache" in name:
             llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=8 << 30))

@@ -58,6 +58,8 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
     """Returns TTFT stats per workload for pc_cpu (cached, baseline) and the two llama-cpp-python peers."""
     import llama_cpp  # see the module NOTE: the peer, used as its users do
 
+    from pc_cpu.engine.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
+
     from pc_cpu import PromptCache
     from pc_cpu.model_path import resolve_model_path
 
@@ -81,7 +83,7 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
     if progress:
         progress(1)
     for peer in ("llama_cpp.Llama (in-context prefix reuse)", "llama_cpp.Llama + LlamaRAMCache"):
-        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+        llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
                               verbose=False)
         try:
             if "RAMCache" in peer:

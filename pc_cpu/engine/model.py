@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp
 
+from pc_cpu import crash_guard
+from pc_cpu.engine import extra_buffers
 from pc_cpu.engine.architecture import ArchitectureFacts, refusal
 from pc_cpu.engine.log import set_llama_verbose
 from pc_cpu.errors import ModelError, ModelLoadError, UnsupportedModelError
 from pc_cpu.store.state_blob import RopeMode, RopeParams
+
+log = logging.getLogger(__name__)
 
 # Sliding-window architectures whose llama.cpp loader leaves the window layers' RoPE at
 # rope.freq_base_swa (default 10000) and scale 1, so that saved cells of both caches can be
@@ -41,7 +46,10 @@ class Model:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelError(f"model file {str(self.path)!r} does not exist; pass --model PATH to a GGUF file")
-        params = llama_cpp.llama_model_default_params()
+        self.extra_buffers = extra_buffers.decide()
+        log.info("loading %s; %s", self.path.name, self.extra_buffers.describe())
+        crash_guard.set_message(_crash_advice(self.path.name, self.extra_buffers))
+        params = extra_buffers.model_params()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load model file {str(self.path)!r} (not a GGUF file, "
@@ -173,6 +181,15 @@ class Model:
 
     def eos_text(self) -> str:
         return self.token_text(llama_cpp.llama_vocab_eos(self._vocab))
+
+
+def _crash_advice(name: str, decision: extra_buffers.ExtraBuffers) -> str:
+    """Returns what a crash inside llama.cpp should tell the user, now that `name` is loaded this way."""
+    if decision.enabled:
+        return (f"while running {name} with CPU extra buffers on ({decision.reason}); this is how llama.cpp's AMX "
+                f"path fails on some CPUs: set {extra_buffers.ENV}=off and run again")
+    return (f"while running {name} with CPU extra buffers off ({decision.reason}); run again with "
+            "`pc-cpu --verbose ...` to see where, and report it as a bug")
 
 
 def _fingerprint(path: Path) -> str:

@@ -102,6 +102,7 @@ def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
 
 def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_cache):
     llama_cpp = pytest.importorskip("llama_cpp")
+    from pc_cpu.engine.extra_buffers import llama_peer
     path = smollm2_path()
     cache = make_cache(path, flash_attn=False, n_ctx=2048)
     cache.load_schema(OTHER)
@@ -110,7 +111,7 @@ def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_cach
     ours = cache.generate(PROMPTS[0], max_tokens=16, use_cache=False).token_ids
     our_logits = prompt_logits(cache, PROMPTS[0], use_cache=False)
 
-    llama = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=False,
+    llama = llama_peer(path, n_ctx=2048, n_threads=2, n_threads_batch=2, flash_attn=False,
                             verbose=False)
     try:
         theirs = []

@@ -240,7 +240,9 @@ def smollm2() -> Iterator[Model]:
     quiet = llama.llama_log_callback(lambda level, text, user: None)
     llama.llama_log_set(quiet, ctypes.c_void_p(0))
     llama.llama_backend_init()
-    mp = llama.llama_model_default_params()
+    from pc_cpu.engine.extra_buffers import model_params
+
+    mp = model_params()  # AMX only where it survives on this CPU, as pc_cpu loads models
     mp.n_gpu_layers = 0
     handle = llama.llama_model_load_from_file(str(path).encode(), mp)
     assert handle, f"cannot load {path}"
