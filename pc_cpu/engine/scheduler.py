@@ -4,9 +4,17 @@ Callers submit Jobs from any thread and read a Request's events. One worker
 thread owns the llama.cpp calls. Between decode steps it admits waiting requests
 into free prompt slots (their modules made resident and shared in, their own
 tokens computed, their first token sampled: that is their time to first token),
-then decodes the next token of every active request in one llama_decode. A
-request leaves when it ends, fails or is cancelled, and its slot and cells are
-reused by the next one.
+then decodes the next token of every active request. A request leaves when it
+ends, fails or is cancelled, and its slot and cells are reused by the next one.
+
+Batch invariance: by default each request's token is decoded in a llama_decode of
+its own. llama.cpp's CPU matmuls pick their kernel and accumulation order by the
+batch's row count (repacked Q4_K runs 4-row GEMM tiles and a GEMV for the rest),
+so a token decoded beside others gets other logits than alone, and a near-tie
+flips: measured on Qwen2.5-0.5B, 1 of 8 concurrent greedy answers differed from
+the same prompt alone. One token per call is exactly what a prompt alone gets.
+`batch_invariant=False` decodes every request in one batch: more tokens per
+second, answers that can depend on the company (bench/RESULTS.md).
 
 A prompt is assembled in the library context, where its modules' cells are
 shared (seq_cp), then moved into its own stream of the prompt context in
@@ -170,9 +178,10 @@ Event = Union[Piece, Done, Failed]
 class SchedulerStats:
     """Counts since the context was made: how much batching actually happened."""
 
-    steps: int = 0  # batched decode steps
+    steps: int = 0  # decode steps: each advances every running prompt by one token
     tokens: int = 0  # tokens decoded in those steps
-    max_batch: int = 0  # most prompts decoded together in one step
+    max_batch: int = 0  # most prompts advanced in one step
+    decode_calls: int = 0  # llama_decode calls of those steps: one per prompt when batch-invariant
 
 
 @dataclass(eq=False)
@@ -237,7 +246,8 @@ def prefill_slot(ctx: Context, modules: ModuleCache, layout: Layout, plan: Plan,
 class Scheduler:
     """Admits, batches and retires the requests of one context; one worker thread does the llama.cpp calls."""
 
-    def __init__(self, ctx: Context, prompts: Context, modules: ModuleCache, slots: list[int], lock: FairLock):
+    def __init__(self, ctx: Context, prompts: Context, modules: ModuleCache, slots: list[int], lock: FairLock,
+                 *, batch_invariant: bool = True):
         self.ctx = ctx  # the library context: where prompts are assembled (slot i stages stream i)
         self.prompts = prompts  # one stream per slot: where prompts are finished and generated
         self.modules = modules
@@ -252,6 +262,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.stats = SchedulerStats()
         self.blender: Blender | None = None  # set by PromptCache when a prompt first asks for select:
+        self.batch_invariant = batch_invariant  # see the module docstring
 
     # --- callers' side --------------------------------------------------------
 
@@ -363,18 +374,24 @@ class Scheduler:
         self._accept(request, token)
 
     def _step(self) -> None:
-        """Decodes the pending token of every active request in one batch, then samples each one's next."""
-        batch = [r for r in self._active if r.pending is not None]
-        if not batch:
+        """Decodes the pending token of every active request, then samples each one's next.
+
+        One batch per request when batch-invariant (the module docstring says why), else one for all.
+        """
+        ready = [r for r in self._active if r.pending is not None]
+        if not ready:
             return
-        self.prompts.decode_each([r.pending for r in batch], [r.next_pos for r in batch], [r.slot for r in batch])
         self.stats.steps += 1
-        self.stats.tokens += len(batch)
-        self.stats.max_batch = max(self.stats.max_batch, len(batch))
-        for i, request in enumerate(batch):
-            request.next_pos += 1
-            request.pending = None
-            self._accept(request, request.sampler.sample(self.prompts.handle, i))
+        self.stats.tokens += len(ready)
+        self.stats.max_batch = max(self.stats.max_batch, len(ready))
+        for batch in ([r] for r in ready) if self.batch_invariant else [ready]:
+            self.prompts.decode_each([r.pending for r in batch], [r.next_pos for r in batch],
+                                     [r.slot for r in batch])
+            self.stats.decode_calls += 1
+            for i, request in enumerate(batch):  # sampled before the next batch overwrites the logits
+                request.next_pos += 1
+                request.pending = None
+                self._accept(request, request.sampler.sample(self.prompts.handle, i))
 
     def _accept(self, request: Request, token: int) -> None:
         """Records a sampled token; ends the request at end-of-generation, a stop string or its cap."""

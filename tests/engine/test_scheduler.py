@@ -36,16 +36,17 @@ def run_in_threads(fn, items):
     return results
 
 
-@pytest.mark.tiny_only  # a real model rounds a token by the batch it shares with other prompts
 def test_concurrent_prompts_get_their_single_request_answers(make_cache):
-    cache = make_cache(parallel=4)
+    # Batch-invariant decoding (the default): with one batch for all, Qwen2.5-0.5B answered 1 of
+    # these 8 otherwise than alone, since llama.cpp's kernels round by the batch's row count.
+    cache = make_cache(parallel=8)
     cache.load_schema(SCHEMA)
-    alone = [cache.generate(prompt(q), max_tokens=16).token_ids for q in QUESTIONS]
-    together = run_in_threads(lambda q: cache.generate(prompt(q), max_tokens=16).token_ids, QUESTIONS)
+    alone = [cache.generate(prompt(q), max_tokens=24).token_ids for q in QUESTIONS]
+    together = run_in_threads(lambda q: cache.generate(prompt(q), max_tokens=24).token_ids, QUESTIONS)
     assert together == alone
+    assert cache._scheduler.stats.max_batch > 1  # they did run together
 
 
-@pytest.mark.tiny_only  # a real model rounds a token by the batch it shares with other prompts (Gemma 3 flipped one)
 def test_concurrent_streams_give_the_streamed_text_and_share_module_cells(make_cache):
     cache = make_cache(parallel=8)
     cache.load_schema(SCHEMA)

@@ -1,0 +1,102 @@
+"""What the CPU settings cost: extra buffer types on/off, and 1 thread against every core, idle and under load.
+
+Each measurement is a fresh process (the extra-buffer decision is made once per process), running
+one full prefill of the same tokens (TTFT) and then greedy decoding (tokens per second), through
+PromptCache with use_cache=False. Settings alternate within each repeat, so drift in the machine's
+speed hits them alike; medians are reported. "Under load" runs one busy process per core
+but one beside it (a stand-in for the other jobs on a laptop: a browser, a build).
+
+    python bench/cpu_paths.py --model qwen2.5-coder-0.5b --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from contextlib import contextmanager
+
+CHILD = """
+import json, sys, time
+from pc_cpu import PromptCache
+model, threads, n_prompt, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+words = " ".join(f"item {i} is on shelf {i % 17}." for i in range(n_prompt))
+with PromptCache(model, threads=threads, n_ctx=4096, store=False) as pc:
+    tokens = pc.model.tokenize(words, special=False)[:n_prompt]
+    text = pc.model.detokenize(tokens)
+    schema = '<schema name="b"><module name="m">' + text.replace("&", "&amp;").replace("<", "&lt;") + '</module></schema>'
+    pc.load_schema(schema, encode=False)
+    # A user turn, so that the model answers at length (a bare continuation may end at once).
+    stream = pc.stream('<prompt schema="b"><m/><user>List every item on shelf 3, one per line.</user></prompt>',
+                       max_tokens=n_decode, use_cache=False)
+    first = None
+    for _ in stream:
+        first = first or time.perf_counter()
+    end, r = time.perf_counter(), stream.result
+    # Pieces can hold several tokens (an incomplete UTF-8 character waits): count tokens, time from the first piece.
+    decode_s = end - first if first else 0.0
+    print(json.dumps({"ttft_ms": r.ttft_ms, "prompt_tokens": r.prompt_tokens,
+                      "decode_tps": (len(r.token_ids) - 1) / decode_s if decode_s > 0 else None,
+                      "extra_buffers": pc.model.extra_buffers.enabled}))
+"""
+
+
+@contextmanager
+def busy_cores(count: int):
+    """Keeps `count` processes spinning for the duration."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def measure(model: str, threads: int, extra: str, n_prompt: int, n_decode: int) -> dict:
+    env = {**os.environ, "PC_CPU_EXTRA_BUFFERS": extra}
+    out = subprocess.run([sys.executable, "-c", CHILD, model, str(threads), str(n_prompt), str(n_decode)],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--what", choices=("extra-buffers", "threads", "both"), default="both")
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    settings = []
+    if args.what in ("extra-buffers", "both"):
+        settings += [("idle", cores, "on"), ("idle", cores, "off")]
+    if args.what in ("threads", "both"):
+        settings += [(load, t, "auto") for load in ("idle", "busy") for t in sorted({1, cores})]
+    results: dict[tuple, list[dict]] = {s: [] for s in settings}
+    for _ in range(args.repeats):
+        for s in settings:
+            load, threads, extra = s
+            if load == "busy":
+                with busy_cores(max(1, cores - 1)):
+                    results[s].append(measure(args.model, threads, extra, args.prompt_tokens, args.decode_tokens))
+            else:
+                results[s].append(measure(args.model, threads, extra, args.prompt_tokens, args.decode_tokens))
+    print(f"model {args.model}, {cores} cores, {args.prompt_tokens}-token full prefill, "
+          f"{args.decode_tokens} decoded tokens, median of {args.repeats}")
+    print("| load | threads | extra buffers | TTFT (ms) | decode (tokens/s) |")
+    print("|---|---|---|---|---|")
+    for (load, threads, extra), runs in results.items():
+        ttft = statistics.median(r["ttft_ms"] for r in runs)
+        tps = statistics.median(r["decode_tps"] for r in runs if r["decode_tps"])
+        print(f"| {load} | {threads} | {extra} ({'on' if runs[0]['extra_buffers'] else 'off'}) | {ttft:.0f} "
+              f"| {tps:.1f} |")
+    print(json.dumps({f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
