@@ -58,26 +58,35 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2000)
     parser.add_argument("--gen", type=int, default=32)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--decode", choices=("invariant", "batched", "both"), default="invariant",
+                        help="invariant: one llama_decode per prompt and step (the default, same answer as alone); "
+                             "batched: one for all; both: shared prompts only, the two side by side, alternating")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     top = max(args.levels)
     n_ctx = args.tokens * (top + 1) + 64 * top + 1024  # room for every private copy at the top level
-    pc = PromptCache(args.model, threads=args.threads, n_ctx=n_ctx, parallel=top, store=False)
-    pc.load_schema(f'<schema name="conc"><module name="doc">{module_text(pc, args.tokens)}</module></schema>')
-    pc.generate('<prompt schema="conc"><doc/> warm-up</prompt>', max_tokens=2)
-    rows = []
+    modes = {"invariant": [True], "batched": [False], "both": [True, False]}[args.decode]
+    caches = {}
+    for invariant in modes:
+        pc = PromptCache(args.model, threads=args.threads, n_ctx=n_ctx, parallel=top, store=False,
+                         batch_invariant=invariant)
+        pc.load_schema(f'<schema name="conc"><module name="doc">{module_text(pc, args.tokens)}</module></schema>')
+        pc.generate('<prompt schema="conc"><doc/> warm-up</prompt>', max_tokens=2)
+        caches[invariant] = pc
     for n in args.levels:
-        for use_cache in (True, False):
-            row = run_level(pc, n, args.gen, use_cache=use_cache)
-            row["mode"] = "shared" if use_cache else "private"
-            rows.append(row)
-            print(json.dumps(row) if args.json else
-                  f"{row['mode']:>8} n={n}: {row['tokens_per_s']:7.1f} tok/s  ttft p50 {row['ttft_ms_median']:9.1f} ms"
-                  f"  wall {row['wall_s']:7.2f} s  kv cells {row['kv_cells']}", flush=True)
-    stats = pc._scheduler.stats
-    print(json.dumps({"module_tokens": pc.layout("conc").cached_cells, "max_batch": stats.max_batch}))
-    pc.close()
+        for invariant, pc in caches.items():
+            for use_cache in (True, False) if len(caches) == 1 else (True,):
+                row = run_level(pc, n, args.gen, use_cache=use_cache)
+                row["mode"] = "shared" if use_cache else "private"
+                row["decode"] = "invariant" if invariant else "batched"
+                print(json.dumps(row) if args.json else
+                      f"{row['mode']:>8} {row['decode']:>9} n={n}: {row['tokens_per_s']:7.1f} tok/s  "
+                      f"ttft p50 {row['ttft_ms_median']:9.1f} ms  wall {row['wall_s']:7.2f} s  "
+                      f"kv cells {row['kv_cells']}", flush=True)
+    for pc in caches.values():
+        print(json.dumps({"module_tokens": pc.layout("conc").cached_cells, "max_batch": pc._scheduler.stats.max_batch}))
+        pc.close()
 
 
 if __name__ == "__main__":
