@@ -33,14 +33,16 @@ from pc_cpu.engine.model import Model
 from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import SamplingParams
-from pc_cpu.engine.documents import DocumentEncoder, DocumentWork
+from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownSchemaError
+from pc_cpu.errors import (ContextBeyondTrainingError, ContextOverflowError, DocumentError, PromptCacheError,
+                           UnknownSchemaError)
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens,
-                                  tail_tokens, check_document_policy, with_recompute)
+from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_document_policy, check_question, document_id,
+                                  document_tokens, has_text, layout_documents, preamble_tokens, tail_tokens,
+                                  with_recompute)
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
@@ -81,7 +83,7 @@ class PromptCache:
                 $PC_CPU_MODEL or the default, smollm2-135m.
             n_ctx: KV cells of the library (resident modules), and positions of one prompt: each of the
                 `parallel` prompt slots has a stream of n_ctx cells of its own. None: the model's training
-                context, at most 8192.
+                context, at most 8192. More than the training context is refused (ContextBeyondTrainingError).
             threads: CPU threads; None uses every core.
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
                 modules (union members each need their own library sequence).
@@ -102,6 +104,7 @@ class PromptCache:
         n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
         config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
         try:
+            _check_training_context(n_ctx, self.model)
             self.ctx = Context(self.model, config)
         except Exception:
             self.model.close()
@@ -301,7 +304,8 @@ class PromptCache:
 
     # --- documents ------------------------------------------------------------
 
-    def add_document(self, text: str, *, name: str | None = None, system: str | None = None) -> str:
+    def add_document(self, text: str, *, name: str | None = None, system: str | None = None,
+                     progress: ProgressCallback | None = None) -> str:
         """Returns the document's id after encoding it once (the same text always gets the same id).
 
         The encoding goes to the store, so later processes sharing it encode nothing. A
@@ -309,11 +313,19 @@ class PromptCache:
         for the system message that `ask` will be given (None: no system message); asking
         with another system message encodes it for that one on first use.
 
+        Args:
+            text: the document; it needs a printable character (pc_cpu.pml.documents.has_text).
+            name: an alias of the id (a file name, say); messages and progress events name the document by it.
+            system: the system message to encode it after.
+            progress: called with an EncodeProgress (kind "document", pc_cpu.progress) after each batch
+                of the document's tokens computed and once it is done, in this thread. A document a
+                tier already holds is not encoded, and reports nothing.
+
         Raises:
-            DocumentError: empty text, text too long for the context, or a name already used for other text.
+            DocumentError: no printable text, text too long for the context, or a name already used for other text.
         """
-        if not isinstance(text, str) or not text.strip():
-            raise DocumentError(f"document {name or '(unnamed)'} is empty; give it some text")
+        if not isinstance(text, str) or not has_text(text):
+            raise DocumentError(f"document {name or '(unnamed)'} is empty: {NO_TEXT}; give it some text")
         self._documents.check_supported()
         tokens = self.document_tokens(text)
         preamble = preamble_tokens(system, self.model, self.markup)
@@ -326,7 +338,11 @@ class PromptCache:
         doc_id = document_id(text)
         with self._lock:
             self.library.add(doc_id, text, name)
-            self._documents.document_blob(preamble, doc_id, tokens)
+            tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
+            _, tier = self._documents.document_blob(preamble, doc_id, tokens,
+                                                    on_computed=lambda n: tracker.computed(doc_id, n))
+            if tier == TIER_ENCODED:
+                tracker.finished(doc_id)
         return doc_id
 
     def remove_document(self, id_or_name: str) -> None:
@@ -387,17 +403,39 @@ class PromptCache:
             self._documents.check_supported()
         with self._lock:
             docs = [self.library.resolve(d) for d in documents]
-        prompt = layout_documents(preamble_tokens(system, self.model, self.markup),
-                                  [(doc.id, self.document_tokens(doc.text)) for doc in docs],
-                                  tail_tokens(question, self.model, self.markup))
+        prompt = self.document_prompt(question, [doc.text for doc in docs], system=system, names=list(documents))
         if use_cache:
             prompt = with_recompute(prompt, policy)
-        if prompt.end >= self.prompts.n_ctx:
-            raise ContextOverflowError(
-                f"the question over these {len(docs)} documents needs {prompt.end} positions and one more to "
-                f"answer, but a prompt holds {self.prompts.n_ctx}; ask with fewer or shorter documents, or raise n_ctx")
         work = DocumentWork(prompt, self._documents, use_cache)
         return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
+
+    def document_prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
+                        names: Sequence[str] | None = None) -> DocumentPrompt:
+        """Returns the layout of `question` over documents of these texts, as `ask` lays it out; encodes nothing.
+
+        It only tokenizes (once per text: `add_document` and `ask` reuse the tokens), so a caller
+        can refuse a question that cannot fit before spending minutes encoding its documents.
+        `ask` runs the same check on the documents it is given.
+
+        Args:
+            question: the question; it needs a printable character (pc_cpu.pml.documents.has_text).
+            texts: the documents' texts, in the order the prompt places them.
+            system: the system message, or None.
+            names: one name per text for the error message (default: the documents' ids).
+
+        Raises:
+            PromptCacheError: an empty question.
+            ContextOverflowError: the prompt and one answer token need more positions than a prompt holds (n_ctx).
+        """
+        check_question(question)
+        ids = [document_id(text) for text in texts]
+        prompt = layout_documents(preamble_tokens(system, self.model, self.markup),
+                                  [(doc_id, self.document_tokens(text)) for doc_id, text in zip(ids, texts)],
+                                  tail_tokens(question, self.model, self.markup))
+        if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
+            raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
+                                                         self.model.info.n_ctx_train))
+        return prompt
 
     def document_tokens(self, text: str) -> tuple[int, ...]:
         """Returns the tokens a document's text contributes to a prompt, tokenized once per text.
@@ -461,6 +499,36 @@ class PromptCache:
             name = parse_schema(schema_pml).name
             if name not in self._schemas or self._schemas[name].schema.source != schema_pml:
                 self.load_schema(schema_pml)
+
+
+def _check_training_context(n_ctx: int, model: Model) -> None:
+    """Raises ContextBeyondTrainingError when n_ctx exceeds the positions the model was trained on (0: unknown).
+
+    n_ctx is also the positions of one prompt, and past its training context a model answers
+    nonsense (llama.cpp only logs a warning): refused here, before any cell is allocated.
+    """
+    trained = model.info.n_ctx_train
+    if trained and n_ctx > trained:
+        raise ContextBeyondTrainingError(
+            f"n_ctx={n_ctx:,} is more than the {trained:,} positions model {model.path.name!r} was trained on, "
+            f"and its answers past them are meaningless; use n_ctx={trained} or less (--n-ctx {trained} on the "
+            "command line), or a model trained on a longer context (pc-cpu models)")
+
+
+def _overflow_message(prompt: DocumentPrompt, names: list[str], n_ctx: int, trained: int) -> str:
+    """Returns why a question over documents does not fit: the documents' tokens, the longest, the limit, the fix."""
+    sizes = [len(doc.tokens) for doc in prompt.documents]
+    total = sum(sizes)
+    longest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
+    docs = (f"{len(sizes)} document{'s' if len(sizes) != 1 else ''} ({total:,} tokens"
+            + (f"; the longest, {names[longest]!r}, {sizes[longest]:,})" if longest is not None else ")"))
+    if trained and trained <= n_ctx:  # already all the model takes
+        fix = "use a model trained on a longer context"
+    else:
+        fix = "raise n_ctx" + (f" (up to {trained:,}, the model's training context)" if trained else "")
+    return (f"a question over {docs} needs {prompt.end:,} positions with the system message and question "
+            f"({prompt.end - total:,}), and one more to answer, but a prompt holds {n_ctx:,}; ask with fewer or "
+            f"shorter documents, or {fix}")
 
 
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:

@@ -14,7 +14,7 @@ import click
 
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
-from pc_cpu.pml.documents import check_document_policy
+from pc_cpu.pml.documents import NO_TEXT, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 
@@ -166,9 +166,14 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     """
     if question == "-":
         question = sys.stdin.read()
-    files = [(path, _read_document(path)) for path in docs]  # before the model loads: a typo fails fast
+    check_question(question)  # these three before the model loads: a mistake fails fast
+    files = [(path, _read_document(path)) for path in docs]
     check_document_policy(parse_policy(recompute))
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
+        # Refused before any document is encoded (minutes, on a long library): a prompt that cannot fit, a taken name.
+        pc.document_prompt(question, [text for _, text in files], system=system,
+                           names=[Path(path).name for path, _ in files])
+        _check_names(pc, files)
         ids, served = _add_documents(pc, files, system)
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
@@ -196,30 +201,43 @@ def _read_document(value: str) -> str:
                                "save it as UTF-8") from None
     except OSError as exc:
         raise PromptCacheError(f"cannot read document file {value!r}: {exc.strerror or exc}") from None
-    if not text.strip():
-        raise PromptCacheError(f"document file {value!r} is empty; give --doc a file with some text")
+    if not has_text(text):
+        raise PromptCacheError(f"document file {value!r} is empty: {NO_TEXT}; give --doc a text file")
     return text
+
+
+def _check_names(pc, files) -> None:
+    """Raises PromptCacheError when a file's name (its document's) names other text: in the library, or another --doc."""
+    library = {name: doc for doc in pc.list_documents() for name in doc.names}
+    first: dict[str, tuple[str, str]] = {}  # file name -> (path, text) of the first --doc file named so
+    for path, text in files:
+        name = Path(path).name
+        other_path, other_text = first.setdefault(name, (path, text))
+        if other_text != text:
+            raise PromptCacheError(f"--doc {path} and --doc {other_path} are both named {name!r} but hold different "
+                                   "text, and a document is named by its file name; rename one of the files")
+        owner = library.get(name)
+        if owner is not None and owner.text != text:
+            raise PromptCacheError(
+                f"--doc {path}: the name {name!r} already names document {owner.id}, whose text differs (was the "
+                f"file edited?); remove the old one with `pc-cpu store rm {name}` (with the same --store), or "
+                "rename the file")
 
 
 def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
     """Adds each (path, text) to the library, named by its file name; returns the ids and where each was found.
 
+    Each document computed shows its progress on stderr (EncodeProgressBar); one found says nothing.
     Where: "encoded" when this run computed it, else "disk" (a new process's RAM tier is empty, so
     an encoding this run did not compute came from the disk tier). Keys as in Result.tiers: the
     document ids, and "#preamble" for the system message's cells when adding needed them.
     """
     ids: list[str] = []
     served: dict[str, str] = {}
+    progress = EncodeProgressBar()
     for path, text in files:
-        name = Path(path).name
-        owner = next((doc for doc in pc.list_documents() if name in doc.names), None)
-        if owner is not None and owner.text != text:
-            raise PromptCacheError(
-                f"--doc {path}: the name {name!r} already names document {owner.id}, whose text differs (was the "
-                f"file edited?); remove the old one with `pc-cpu store rm {name}` (with the same --store), or "
-                "rename the file")
         before = pc.documents_encoded
-        doc_id = pc.add_document(text, name=name, system=system)
+        doc_id = pc.add_document(text, name=Path(path).name, system=system, progress=progress)
         # Adding computes the document unless a tier holds it; only then does it need the preamble,
         # which it computes too (a 2) unless a tier holds it. A preamble adding never needed is
         # found or encoded by the question itself, whose Result then tells which.

@@ -51,6 +51,10 @@ class ContextOverflowError(PromptCacheError):
     """A schema or prompt needs more positions or KV cells than the context has."""
 
 
+class ContextBeyondTrainingError(PromptCacheError):
+    """n_ctx asks for more positions than the model was trained on (its answers past them are meaningless)."""
+
+
 class ModelError(PromptCacheError):
     """No model could be found or loaded, or the model lacks a needed feature."""
 

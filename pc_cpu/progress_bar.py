@@ -11,12 +11,13 @@ from pc_cpu.progress import EncodeProgress
 
 
 class EncodeProgressBar:
-    """A `progress` callback for PromptCache.load_schema that draws on `file` (stderr by default).
+    """A `progress` callback for PromptCache.load_schema and add_document that draws on `file` (stderr by default).
 
-    On a terminal: a bar per schema (tokens done of all, the module under way, tokens/s),
-    then its summary line. Elsewhere (a log file, a pipe): the summary line only, when
-    the schema is done, so logs get one line per schema. A schema done within `quiet_s`
-    seconds (restored from the store, or small) shows nothing: only a wait needs explaining.
+    On a terminal: a bar per schema or document (tokens done of all, the encoding under way,
+    tokens/s), then its summary line ("loaded schema ...", "encoded document ..."). Elsewhere
+    (a log file, a pipe): the summary line only, when it is done, so logs get one line per
+    schema or document. One done within `quiet_s` seconds (restored from the store, or small)
+    shows nothing: only a wait needs explaining.
     """
 
     def __init__(self, file: TextIO | None = None, *, bar: bool | None = None, quiet_s: float = 1.0):
@@ -31,7 +32,8 @@ class EncodeProgressBar:
             return
         if self.bar and event.tokens_total:
             if self._drawn is None:
-                self._drawn = click.progressbar(length=event.tokens_total, label=f"encoding {event.schema}",
+                what = event.schema if event.kind == "schema" else f"{event.kind} {event.schema}"
+                self._drawn = click.progressbar(length=event.tokens_total, label=f"encoding {what}",
                                                 file=self.file, show_pos=True, item_show_func=_describe)
                 self._shown = 0
             self._drawn.update(event.tokens_done - self._shown, event)
@@ -40,7 +42,11 @@ class EncodeProgressBar:
             if self._drawn is not None:
                 self._drawn.render_finish()
                 self._drawn = None
-            click.echo(f"loaded {event.summary()}", file=self.file)
+            click.echo(f"{_DONE[event.kind]} {event.summary()}", file=self.file)
+
+
+# The done line's verb: a schema's modules may have come from the store; a document reports only when computed.
+_DONE = {"schema": "loaded", "document": "encoded"}
 
 
 def _describe(event: EncodeProgress | None) -> str:

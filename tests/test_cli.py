@@ -353,12 +353,63 @@ def test_bad_documents_are_one_error_line(tiny_model_path, doc_files, tmp_path, 
         ([str(tmp_path / "empty.txt")], [], ["empty.txt", "is empty"]),
         ([str(tmp_path / "latin1.txt")], [], ["latin1.txt", "not UTF-8"]),
         ([str(tmp_path / "long.txt")], ["--n-ctx", "256"], ["long.txt", "tokens", "raise n_ctx"]),
-        ([doc_files[0], str(tmp_path / "other" / "boats.txt")], [], ["'boats.txt' already names document",
-                                                                      "pc-cpu store rm boats.txt"]),
+        ([doc_files[0], str(tmp_path / "other" / "boats.txt")], [], ["are both named 'boats.txt'",
+                                                                      "rename one of the files"]),
     ]
     for docs, extra, fragments in cases:
         code, _, err = run_main(ask_args(tiny_model_path, store, *docs) + extra, capsys)
         assert_one_error_line(code, err, *fragments)
+    assert run_main(ask_args(tiny_model_path, store, doc_files[0]), capsys)[0] == 0
+    code, _, err = run_main(ask_args(tiny_model_path, store, str(tmp_path / "other" / "boats.txt")), capsys)
+    assert_one_error_line(code, err, "'boats.txt' already names document", "pc-cpu store rm boats.txt")
+
+
+def test_ask_shows_each_document_it_encodes_and_not_those_it_finds(tiny_model_path, doc_files, tmp_path, capsys,
+                                                                   monkeypatch):
+    import re
+    from functools import partial
+
+    from pc_cpu.progress_bar import EncodeProgressBar
+
+    # The tiny model encodes a document in milliseconds, under the bar's quiet time: show every one.
+    monkeypatch.setattr("pc_cpu.cli.EncodeProgressBar", partial(EncodeProgressBar, quiet_s=0))
+    store = tmp_path / "store"
+    code, _, err = run_main(ask_args(tiny_model_path, store, *doc_files), capsys)
+    lines = [line for line in err.splitlines() if line.startswith("encoded ")]
+    assert code == 0 and len(lines) == 2, err
+    assert re.fullmatch(r"encoded document 'boats.txt': \d+ tokens in \d+\.\d s \(\d+ tokens/s\)", lines[0])
+    assert lines[1].startswith("encoded document 'trains.txt': ")
+    code, _, err = run_main(ask_args(tiny_model_path, store, *doc_files), capsys)
+    assert code == 0 and "encoded document" not in err and "encodings from disk: 3]" in err  # found, not encoded
+
+
+def test_ask_refuses_documents_that_cannot_fit_before_encoding_any(tiny_model_path, tmp_path, capsys):
+    files = []
+    for i in range(5):
+        (tmp_path / f"part{i}.txt").write_text(f"Part {i} of the report. " + "More words here. " * 15)
+        files.append(str(tmp_path / f"part{i}.txt"))
+    store = tmp_path / "store"
+    code, _, err = run_main(ask_args(tiny_model_path, store, *files) + ["--n-ctx", "256"], capsys)
+    assert_one_error_line(code, err, "5 documents (", "tokens", "a prompt holds 256", "'part0.txt'",
+                          "fewer or shorter documents, or raise n_ctx")
+    code, out, _ = run_main(["store", "ls", "--store", str(store), "--json"], capsys)
+    assert code == 0 and out == ""  # nothing was encoded, nothing stored
+
+
+def test_ask_refuses_a_document_without_text_and_an_empty_question(tiny_model_path, doc_files, tmp_path, capsys):
+    store = tmp_path / "store"
+    (tmp_path / "nul.bin").write_bytes(b"\x00" * 100)
+    code, _, err = run_main(ask_args(tiny_model_path, store, str(tmp_path / "nul.bin")), capsys)
+    assert_one_error_line(code, err, "nul.bin", "is empty", "no printable character", "NUL")
+    for question in ("", "  \n\t"):
+        code, _, err = run_main(ask_args(tiny_model_path, store, *doc_files, question=question), capsys)
+        assert_one_error_line(code, err, "the question is empty", "ask something")
+    assert not store.exists() or run_main(["store", "ls", "--store", str(store), "--json"], capsys)[1] == ""
+
+
+def test_ask_refuses_a_context_beyond_the_models_training_context(tiny_model_path, doc_files, tmp_path, capsys):
+    code, _, err = run_main(ask_args(tiny_model_path, tmp_path / "store", *doc_files) + ["--n-ctx", "8192"], capsys)
+    assert_one_error_line(code, err, "n_ctx=8,192 is more than the 4,096 positions", "--n-ctx 4096")
 
 
 def test_store_ls_names_documents_and_rm_removes_one_document_only(tiny_model_path, doc_files, schema_file, tmp_path,

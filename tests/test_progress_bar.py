@@ -59,3 +59,19 @@ def test_a_quick_load_shows_nothing():
     for event in encode_events(0.1):
         show(event)
     assert terminal.getvalue() == ""
+
+
+def test_a_document_is_drawn_and_logged_as_encoded():
+    clock = iter(range(100))
+    events: list[EncodeProgress] = []
+    tracker = ProgressTracker("notes.md", {"doc-1": 1612}, events.append, clock=lambda: next(clock) * 4.1,
+                              kind="document")
+    tracker.computed("doc-1", 512)
+    tracker.computed("doc-1", 1100)
+    tracker.finished("doc-1")
+    log, terminal = io.StringIO(), Terminal()
+    for show in (EncodeProgressBar(log), EncodeProgressBar(terminal)):
+        for event in events:
+            show(event)
+    assert log.getvalue() == "encoded document 'notes.md': 1,612 tokens in 12.3 s (131 tokens/s)\n"
+    assert "encoding document notes.md" in terminal.getvalue() and "512/1612" in terminal.getvalue()

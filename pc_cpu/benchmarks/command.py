@@ -238,8 +238,9 @@ def _recompute_runs(model, threads, encodings, items, policies, spec, max_tokens
     with ExitStack() as stack:
         sinks = {mode: stack.enter_context(open(_path_for(out, mode, encodings), "a", encoding="utf-8"))
                  for mode in encodings} if out else None
-        caches = {mode: stack.enter_context(PromptCache(model, threads=threads, n_ctx=8192, store=False,
-                                                        encoding=mode)) for mode in encodings}
+        # n_ctx: the model's training context, at most 8192 (8192 on every packaged model).
+        caches = {mode: stack.enter_context(PromptCache(model, threads=threads, store=False, encoding=mode))
+                  for mode in encodings}
         answers: dict[str, list] = {mode: [] for mode in encodings}
         with _bar(len(items), "recompute", as_json) as progress:
             for mode, answer in rc.run_encodings(caches, items, policies, task=spec, max_tokens=max_tokens,

@@ -22,9 +22,21 @@ Progress = Callable[[int], None]
 
 
 def _open(model, threads: int, n_ctx: int, **options):
-    from pc_cpu import PromptCache
+    """Returns a PromptCache of n_ctx cells, or of the model's training context when that is smaller.
 
-    return PromptCache(model, threads=threads, n_ctx=n_ctx, **options)
+    These benches size n_ctx for cells (resident modules beside a prompt), not for positions: each
+    prompt they ask fits the training context, and PromptCache refuses an n_ctx beyond it.
+    """
+    from pc_cpu import PromptCache
+    from pc_cpu.engine.model import Model
+    from pc_cpu.model_path import resolve_model_path
+
+    probe = Model(resolve_model_path(model))  # mapped, not read: ~0.1 s, outside every timing
+    try:
+        trained = probe.info.n_ctx_train
+    finally:
+        probe.close()
+    return PromptCache(model, threads=threads, n_ctx=min(n_ctx, trained) if trained else n_ctx, **options)
 
 
 def _ttft(pc, prompt: str, *, use_cache: bool = True):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
 from pc_cpu.engine.relocate import BLOBS, relocate_blob, scan_blob, splice_blobs
 from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
@@ -98,8 +98,12 @@ class DocumentEncoder:
         return blob, TIER_ENCODED
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
-                      key: StoreKey | None = None) -> tuple[bytes, str]:
-        """Returns a document's cells, computed after `preamble` at its home, and the tier that served them."""
+                      key: StoreKey | None = None, on_computed: OnComputed | None = None) -> tuple[bytes, str]:
+        """Returns a document's cells, computed after `preamble` at its home, and the tier that served them.
+
+        on_computed(n) hears of each decode batch of n document tokens; a document a tier holds
+        is not computed, and it hears nothing.
+        """
         home = len(preamble)
         key = key or self.document_key(preamble, doc_id, tokens)
         stored = self._stored(key, (home, home + len(tokens)))
@@ -110,7 +114,8 @@ class DocumentEncoder:
         try:
             # The preamble restored, not recomputed: the same bytes either way, and no time spent on them.
             self.prompts.state_set(seq, state_blob.restream(preamble_cells, self.prompts.n_stream))
-            self.prompts.decode(tokens, range(home, home + len(tokens)), seq, logits_last=False)
+            self.prompts.decode(tokens, range(home, home + len(tokens)), seq, logits_last=False,
+                                after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
             self.prompts.seq_rm(seq, 0, home)
             blob = self._save(key, seq, len(tokens), (home, home + len(tokens)))
         finally:

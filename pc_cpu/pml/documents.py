@@ -37,6 +37,28 @@ def document_id(text: str) -> str:
     return "doc-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+NO_TEXT = "no printable character, only whitespace, NUL or other control characters"  # what has_text refuses
+
+
+def has_text(text: str) -> bool:
+    """Returns whether `text` gives a model something to read: a printable character that is not whitespace.
+
+    Printable as Python's str.isprintable says: letters, marks, numbers, punctuation and symbols.
+    Whitespace (spaces, newlines, tabs), NUL and the other control characters, format characters
+    (a BOM, a zero-width space), private-use and unassigned code points are not: a document or a
+    question made only of them is empty (a binary file read as text, say). Text that has some is
+    kept whole, control characters included.
+    """
+    return any(c.isprintable() and not c.isspace() for c in text)
+
+
+def check_question(question: str) -> str:
+    """Returns `question` if it has text (has_text); raises PromptCacheError naming the fix."""
+    if not isinstance(question, str) or not has_text(question):
+        raise PromptCacheError(f"the question is empty: {NO_TEXT}; ask something")
+    return question
+
+
 def document_tokens(text: str, tokenizer: Tokenizer) -> tuple[int, ...]:
     """Returns the tokens a document contributes to every prompt: its text (never markup) and the separator."""
     return tuple(tokenizer.tokenize(text, special=False)) + tuple(tokenizer.tokenize(SEPARATOR, special=False))

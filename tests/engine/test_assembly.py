@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from pc_cpu.cache import PROMPT_SEQ
-from pc_cpu.errors import ArgumentTooLongError, ContextOverflowError, PromptCacheError, SequenceBudgetError
+from pc_cpu.errors import (ArgumentTooLongError, ContextBeyondTrainingError, ContextOverflowError, PromptCacheError,
+                           SequenceBudgetError)
 from tests.conftest import cell_positions
 
 SCHEMA = """<schema name="trip">
@@ -136,6 +137,16 @@ def test_reloading_a_changed_schema_replaces_its_modules(make_cache):
     cache.load_schema('<schema name="s"><module name="b">second version, longer text</module></schema>')
     assert cache.resident_cells == cache.layout("s").cached_cells
     assert "b" in cache.layout("s").modules and "a" not in cache.layout("s").modules
+
+
+@pytest.mark.tiny_only  # one model is enough: the check reads the GGUF's training context
+def test_a_context_beyond_the_models_training_context_is_refused(make_cache):
+    trained = make_cache().model.info.n_ctx_train
+    assert trained > 0
+    with pytest.raises(ContextBeyondTrainingError, match=rf"n_ctx={trained + 1:,} is more than the {trained:,} "
+                                                          rf"positions model '.*' was trained on.*--n-ctx {trained}"):
+        make_cache(n_ctx=trained + 1)
+    assert make_cache(n_ctx=trained, parallel=1).ctx.n_ctx >= trained
 
 
 def test_parallel_leaves_a_sequence_for_modules(make_cache):

@@ -54,10 +54,13 @@ def test_another_system_message_encodes_everything_after_it_again(make_cache):
 
 
 @pytest.mark.tiny_only
-def test_a_module_nearly_as_long_as_the_context_loads(make_cache):
+def test_a_module_nearly_as_long_as_the_context_loads(make_cache, tmp_path):
     # The fit check counted the module twice (as library cells and as the cells it is computed
     # in, which are the same cells): a 4,600-token module was refused in an 8,192-cell context.
-    cache = make_cache(n_ctx=8192, store=False)
+    # The shared tiny model was trained on 4,096 positions, under the context this needs.
+    from tests.tiny_gguf import write_tiny_llama_gguf
+
+    cache = make_cache(write_tiny_llama_gguf(tmp_path / "tiny-8k.gguf", context_length=8192), n_ctx=8192, store=False)
     text = " ".join(f"w{i % 97}" for i in range(2400))
     schema = f'<schema name="long"><module name="doc">{text}</module></schema>'
     layout = cache.inspect_schema(schema)

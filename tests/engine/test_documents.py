@@ -7,7 +7,8 @@ import pytest
 
 from pc_cpu.engine.documents import DocumentWork, Piece
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
-from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens, with_recompute
+from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
+                                  with_recompute)
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.store import native, state_blob
 from tests.engine.test_scaffold import layer0_keys
@@ -292,6 +293,70 @@ def test_bad_documents_are_refused_with_the_fix(cache_with_store):
     with pytest.raises(ContextOverflowError, match="fewer or shorter documents"):
         cache.ask(QUESTION, documents=[paris] * 20, max_tokens=1)
     assert cache.ask(QUESTION, documents=[paris], max_tokens=1).modules == [paris]  # still usable
+
+
+LONG = " ".join(f"Fact {i} is true." for i in range(200))  # ~1,400 tokens: three decode batches of 512
+
+
+@pytest.mark.tiny_only  # reporting does not depend on the model
+def test_add_document_reports_progress_while_it_encodes_and_nothing_once_stored(cache_with_store):
+    cache = cache_with_store(n_ctx=2048)
+    events = []
+    doc = cache.add_document(LONG, name="facts.md", progress=events.append)
+    tokens = len(cache.document_tokens(LONG))
+    assert {(e.kind, e.schema, e.module, e.tokens_total) for e in events} == {("document", "facts.md", doc, tokens)}
+    done = [e.tokens_done for e in events]
+    assert len(events) >= 3 and 0 < done[0] < tokens and done == sorted(done) and done[-1] == tokens
+    assert [e.finished for e in events].index(True) == len(events) - 1
+    assert events[-1].summary().startswith(f"document 'facts.md': {tokens:,} tokens in ")
+    again = []
+    cache.add_document(LONG, name="facts.md", progress=again.append)
+    assert again == []  # found in a tier: nothing encoded, nothing to report
+    assert cache.add_document(PARIS) and cache.list_documents()[-1].id == document_id(PARIS)  # progress is optional
+
+
+@pytest.mark.tiny_only
+@pytest.mark.parametrize("text", ["\x00" * 100, "\x00\x01\x1b\x7f \n\t\x00", "\u200b\ufeff\n"],
+                         ids=["nul", "controls", "invisible"])
+def test_a_document_without_printable_text_is_refused_naming_the_fix(cache_with_store, text):
+    cache = cache_with_store()
+    with pytest.raises(DocumentError, match="document nul.bin is empty: no printable character.*give it some text"):
+        cache.add_document(text, name="nul.bin")
+    assert cache.list_documents() == [] and cache.documents_encoded == 0
+    assert cache.add_document("\x00" + PARIS + "\x00") in [d.id for d in cache.list_documents()]  # some text: kept
+
+
+@pytest.mark.tiny_only
+@pytest.mark.parametrize("question", ["", "  \n\t", "\x00\x00"], ids=["empty", "blank", "nul"])
+def test_an_empty_question_is_refused_before_anything_is_computed(cache_with_store, question):
+    cache = cache_with_store()
+    paris = cache.add_document(PARIS)
+    for use_cache in (True, False):
+        with pytest.raises(PromptCacheError, match="the question is empty: no printable character.*ask something"):
+            cache.ask(question, documents=[paris], max_tokens=1, use_cache=use_cache)
+
+
+@pytest.mark.tiny_only
+def test_a_question_too_long_for_the_context_is_refused_from_texts_before_encoding(cache_with_store):
+    cache = cache_with_store(n_ctx=256)
+    texts = [f"Note {i}: the meeting room {i} has {i * 3 + 2} chairs and a window facing {i % 4} o'clock."
+             for i in range(12)]
+    tokens = [len(document_tokens(t, cache.model)) for t in texts]
+    assert max(tokens) < 256 < sum(tokens)  # each document fits alone; together they do not
+    names = [f"note{i}.txt" for i in range(12)]
+    with pytest.raises(ContextOverflowError) as refused:
+        cache.document_prompt(QUESTION, texts, names=names)
+    message = str(refused.value)
+    longest = names[tokens.index(max(tokens))]
+    for fragment in (f"12 documents ({sum(tokens):,} tokens", f"the longest, {longest!r}, {max(tokens)}",
+                     "a prompt holds 256", "ask with fewer or shorter documents, or raise n_ctx"):
+        assert fragment in message
+    assert cache.documents_encoded == 0 and cache.list_documents() == []
+    # What fits is laid out exactly as `ask` lays it out.
+    assert cache.document_prompt(QUESTION, texts[:2], system="Be brief.") == layout_documents(
+        preamble_tokens("Be brief.", cache.model, cache.markup),
+        [(document_id(t), document_tokens(t, cache.model)) for t in texts[:2]],
+        tail_tokens(QUESTION, cache.model, cache.markup))
 
 
 def _k_and_rest(blob) -> tuple[np.ndarray, bytes]:

@@ -90,6 +90,7 @@ def test_a_long_document_gets_a_short_preview(http, library):
 
 @pytest.mark.parametrize("body, status, fragment", [
     ({"text": "   "}, 400, "is empty"),
+    ({"text": "\x00" * 100}, 400, "no printable character"),
     ({"text": "Other text.", "name": "boats.txt"}, 400, "already names document"),
     ({"text": "Some text.", "name": "doc-mine"}, 400, "looks like a document id"),
     ({"text": "word " * 3000}, 400, "split the document or raise n_ctx"),
@@ -100,6 +101,12 @@ def test_bad_documents_are_refused_with_the_library_message(http, library, body,
     error = _error(http.post("/v1/documents", json=body), status)
     assert fragment in error["message"]
     assert len(http.get("/v1/documents").json()["data"]) == 2  # nothing was added
+
+
+@pytest.mark.parametrize("question", ["", "  ", "\x00\x07"])
+def test_an_empty_question_over_documents_is_a_400(http, library, question):
+    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), question=question)), 400)
+    assert "the question is empty" in error["message"] and error["type"] == "PromptCacheError"
 
 
 def test_chat_with_documents_answers_like_the_library_ask(http, library, doc_cache):
