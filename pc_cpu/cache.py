@@ -75,7 +75,8 @@ class PromptCache:
     def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
                  threads: int | None = None, n_seq_max: int = 64, parallel: int = 4, encoding: str = "preamble",
                  flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
-                 ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, verbose: bool = False):
+                 ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, batch_invariant: bool = True,
+                 verbose: bool = False):
         """Loads the model and creates the context.
 
         Args:
@@ -87,12 +88,15 @@ class PromptCache:
             threads: CPU threads; None uses every core.
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
                 modules (union members each need their own library sequence).
-            parallel: prompts generating at once (batched together); more wait their turn.
+            parallel: prompts generating at once (their steps interleaved); more wait their turn.
             encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
                 (also the cells of the module before them; pc_cpu.pml.encoding).
             flash_attn: None lets llama.cpp choose.
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
+            batch_invariant: True decodes each running prompt's token in a batch of its own, so its
+                answer is the one it gets alone; False decodes them in one batch, for more tokens per
+                second, and an answer can then change with the prompts beside it (pc_cpu.engine.scheduler).
             verbose: show llama.cpp's own log.
         """
         self.encoding = check_mode(encoding)
@@ -134,7 +138,8 @@ class PromptCache:
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
                                    mode=self.encoding, workspace=workspace, hold=hold, rope=ropes)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
-        self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock)
+        self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock,
+                                    batch_invariant=batch_invariant)
 
     # --- lifecycle ----------------------------------------------------------
 

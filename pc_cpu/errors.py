@@ -63,6 +63,10 @@ class ModelLoadError(ModelError):
     """The model file exists but llama.cpp cannot load it (not a GGUF, truncated, unsupported)."""
 
 
+class ConfigError(PromptCacheError):
+    """An environment variable or setting has a value pc_cpu does not accept; the message lists the valid ones."""
+
+
 class DataMissingError(PromptCacheError):
     """A data file a command needs (e.g. the benchmarks' evaluation sets) is missing or unreadable."""
 
