@@ -49,6 +49,13 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return write_tiny_llama_gguf(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_8k_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The tiny model with an 8K training context: room for the demo's long document (~4,500 tokens)."""
+    smollm2_path()
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("models-8k") / "tiny-llama-8k.gguf", context_length=8192)
+
+
 def cache_factory(default_model):
     """Yields a factory of PromptCache objects (small test defaults, `default_model` unless told), then closes them."""
     from pc_cpu import PromptCache

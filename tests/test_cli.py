@@ -460,3 +460,36 @@ def test_demo_shows_a_long_document_beside_the_short_ones(capsys, tmp_path, monk
     assert long["question"] == LONG_QUESTION
     assert long["cached"]["cached_tokens"] > 4000 and long["baseline"]["cached_tokens"] == 0
     assert long["cached"]["token_ids"] and long["baseline"]["token_ids"]  # both answered (speed: bench/RESULTS.md)
+
+
+def test_demo_prints_each_answer_on_one_line_and_ends_with_the_long_documents_headline(tiny_8k_model_path, capsys,
+                                                                                        tmp_path, monkeypatch):
+    import dataclasses
+    import re
+
+    from pc_cpu.cache import PromptCache
+
+    # SmolLM2's answers can wrap over lines; the tiny model's hold no newline, so give every answer some.
+    for method in ("generate", "ask"):
+        real = getattr(PromptCache, method)
+        monkeypatch.setattr(PromptCache, method, lambda self, *args, real=real, **kwargs: dataclasses.replace(
+            real(self, *args, **kwargs), text=" It was\n\n  1987.\n"))
+    monkeypatch.setenv("PC_CPU_STORE_DIR", str(tmp_path / "store"))
+    code, out, _ = run_main(["demo", "--model", str(tiny_8k_model_path), "--threads", "2"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 4 * 4 + 2, out  # per case: Q, cached, baseline, speedup; then a note, a headline
+    answers = [line for line in lines if line.startswith(("  cached ", "  baseline "))]
+    assert len(answers) == 8 and all(line.endswith(" ms : It was 1987.") for line in answers), answers
+    long_case = lines[12]
+    assert long_case.startswith("Q: On which day did the ferry")
+    cached = re.search(r"(\d+) cached\]$", long_case).group(1)
+    assert re.fullmatch(rf"Long document: {int(cached):,} tokens cached, first token \d+(\.\d)?x (sooner|later) "
+                        r"\(\d+ ms vs \d+ ms\)\.", lines[-1]), lines[-1]
+
+
+def test_demo_without_room_for_the_long_document_skips_it_and_heads_with_a_short_case(tiny_model_path, capsys,
+                                                                                     tmp_path, monkeypatch):
+    monkeypatch.setenv("PC_CPU_STORE_DIR", str(tmp_path / "store"))
+    code, out, err = run_main(["demo", "--model", str(tiny_model_path), "--threads", "2"], capsys)  # a 4K context
+    assert code == 0 and "(long-document case skipped: document pc-cpu demo handbook has" in err
+    assert out.splitlines()[-1].startswith("The railway document: ")
