@@ -37,8 +37,8 @@ from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import (ContextBeyondTrainingError, ContextOverflowError, DocumentError, PromptCacheError,
-                           UnknownSchemaError)
+from pc_cpu.errors import (AddCancelledError, ContextBeyondTrainingError, ContextOverflowError, DocumentError,
+                           PromptCacheError, UnknownDocumentError, UnknownSchemaError)
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_document_policy, check_question, document_id,
                                   document_tokens, has_text, layout_documents, preamble_tokens, tail_tokens,
@@ -114,7 +114,9 @@ class PromptCache:
             self.model.close()
             raise
         try:
-            self.prompts = open_prompt_streams(self.ctx, parallel + 1)  # the last stream is the encoders' workspace
+            # After the prompt slots: the encoders' workspace, then the one add_document computes in,
+            # batch by batch between the scheduler's steps (so no other encoder may use it meanwhile).
+            self.prompts = open_prompt_streams(self.ctx, parallel + 2)
         except Exception:
             self.ctx.close()
             self.model.close()
@@ -133,6 +135,8 @@ class PromptCache:
         self._document_tokens_lock = threading.Lock()
         ropes = _cache_ropes(self.model)
         self._documents = DocumentEncoder(self.prompts, parallel, self.store, ropes)
+        self._adder = DocumentEncoder(self.prompts, parallel + 1, self.store, ropes)  # add_document's own
+        self._adding = threading.Lock()  # one add_document at a time in the adder's stream
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
@@ -193,8 +197,12 @@ class PromptCache:
         tracker = ProgressTracker(layout.schema, {key: sum(len(run.tokens) for run in encoding_runs(
             layout, key, self.encoding)) for key in keys}, progress)
         # One encoding at a time: a schema larger than the context evicts its own earlier
-        # modules from the context; they stay in the byte tiers.
+        # modules from the context; they stay in the byte tiers. Between two, running prompts
+        # take their turn (a decode step each), so a long schema does not stall them.
         for key in keys:
+            self._lock.yield_turn()
+            if self._schemas.get(layout.schema) is not loaded:
+                return  # unloaded or replaced meanwhile: its encodings are no longer wanted
             self.modules.ensure(layout, [key], on_computed=tracker.computed)
             tracker.finished(key)
         if not keys and progress is not None:
@@ -310,7 +318,7 @@ class PromptCache:
     # --- documents ------------------------------------------------------------
 
     def add_document(self, text: str, *, name: str | None = None, system: str | None = None,
-                     progress: ProgressCallback | None = None) -> str:
+                     progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> str:
         """Returns the document's id after encoding it once (the same text always gets the same id).
 
         The encoding goes to the store, so later processes sharing it encode nothing. A
@@ -325,9 +333,15 @@ class PromptCache:
             progress: called with an EncodeProgress (kind "document", pc_cpu.progress) after each batch
                 of the document's tokens computed and once it is done, in this thread. A document a
                 tier already holds is not encoded, and reports nothing.
+            cancel: set it (from another thread) to stop the encoding after the current batch.
+
+        The document is computed one batch at a time, and prompts that are running decode a
+        step between two batches: adding a long document does not stall them. It is registered
+        in the library only once its encoding is stored: a failed or cancelled add leaves nothing.
 
         Raises:
             DocumentError: no printable text, text too long for the context, or a name already used for other text.
+            AddCancelledError: `cancel` was set before the encoding finished.
         """
         if not isinstance(text, str) or not has_text(text):
             raise DocumentError(f"document {name or '(unnamed)'} is empty: {NO_TEXT}; give it some text")
@@ -341,14 +355,33 @@ class PromptCache:
                 f"positions, {room} of them after the preamble and before one generated token; split the "
                 "document or raise n_ctx")
         doc_id = document_id(text)
-        with self._lock:
+        self._check_name_free(doc_id, name)  # before the encoding: a refusal should not cost minutes
+        tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
+
+        def between_batches(n: int) -> None:
+            tracker.computed(doc_id, n)
+            if cancel is not None and cancel.is_set():
+                raise AddCancelledError(f"adding document {name or doc_id} was cancelled; nothing was registered")
+            self._lock.yield_turn()
+
+        with self._adding, self._lock:
+            _, tier = self._adder.document_blob(preamble, doc_id, tokens, on_computed=between_batches)
             self.library.add(doc_id, text, name)
-            tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
-            _, tier = self._documents.document_blob(preamble, doc_id, tokens,
-                                                    on_computed=lambda n: tracker.computed(doc_id, n))
-            if tier == TIER_ENCODED:
-                tracker.finished(doc_id)
+        if tier == TIER_ENCODED:
+            tracker.finished(doc_id)
         return doc_id
+
+    def _check_name_free(self, doc_id: str, name: str | None) -> None:
+        """Raises DocumentError when `name` already names another document (the library checks again on add)."""
+        if name is None:
+            return
+        try:
+            owner = self.library.resolve(name)
+        except UnknownDocumentError:
+            return
+        if owner.id != doc_id:
+            raise DocumentError(f"name {name!r} already names document {owner.id}, whose text differs; remove it "
+                                "first (remove_document / pc-cpu store rm) or choose another name")
 
     def remove_document(self, id_or_name: str) -> None:
         """Forgets a document and deletes its encodings from every tier; other documents are untouched.
@@ -462,7 +495,7 @@ class PromptCache:
     @property
     def documents_encoded(self) -> int:
         """Returns how many preambles and documents this instance computed (a warm store keeps it at 0)."""
-        return self._documents.encoded
+        return self._documents.encoded + self._adder.encoded
 
     def prepare(self, plan: Plan, *, use_cache: bool, reserve: int = 1) -> dict[str, str]:
         """Makes the plan's encodings resident with room for the prompt; returns the tier that served each.

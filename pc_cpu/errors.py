@@ -135,5 +135,9 @@ class DocumentError(PromptCacheError):
     """A document cannot be added, found or used (pc_cpu.documents); the message names it and the fix."""
 
 
+class AddCancelledError(DocumentError):
+    """Adding a document was cancelled (its caller went away) before its encoding was stored."""
+
+
 class UnknownDocumentError(DocumentError):
     """No document has this id or name."""

@@ -141,7 +141,8 @@ class DocumentEncoder:
 
     def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
-        blob = bytes(state_blob.restream(self.prompts.state_get(seq), 1))
+        # Sequence id 0 whichever workspace computed it (add_document has its own): same tokens, same bytes.
+        blob = bytes(state_blob.with_sequence(state_blob.restream(self.prompts.state_get(seq), 1), 0))
         self.store.put(key, Entry(parts.pack([blob]), n_tokens, positions))
         self.encoded += 1
         return blob
@@ -235,7 +236,8 @@ class DocumentEncoder:
             # The K-shift runs at the next decode, and a saved state does not carry a pending
             # shift: its K would be read out unrotated at the new positions.
             apply_pending_shifts(self.prompts, empty)
-            return state_blob.restream(self.prompts.state_get(seq), 1)
+            # The blob's own sequence id, as the relocator keeps it: the two ways give the same bytes.
+            return state_blob.with_sequence(state_blob.restream(self.prompts.state_get(seq), 1), info.seq_id)
         finally:
             self.prompts.seq_rm(seq)
 

@@ -44,6 +44,21 @@ class FairLock:
                 self._serving += 1
                 self._cond.notify_all()
 
+    def yield_turn(self) -> None:
+        """Returns holding the lock again after every thread already waiting for it had its turn.
+
+        For long work done in steps (encoding a document batch by batch): between two steps the
+        scheduler decodes, so running prompts wait for one step, not for the whole work. A no-op
+        when nobody waits, or when held more than once (an outer holder expects no interruption).
+        """
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("FairLock.yield_turn by a thread that does not hold it")
+            if self._depth > 1 or self._next_ticket == self._serving + 1:
+                return
+        self.release()
+        self.acquire()
+
     def __enter__(self) -> "FairLock":
         self.acquire()
         return self

@@ -847,3 +847,21 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
         for rec in sec.k:
             _rotate_k(out, rec, sec.n_cell, r, cos_t, sin_t)
     return out
+
+
+def with_sequence(blob: BlobLike, seq_id: int) -> bytearray:
+    """Returns a copy of `blob` whose header and cells name sequence `seq_id` (bytes otherwise unchanged).
+
+    llama.cpp writes the id of the sequence a state was saved from, and ignores it when it
+    restores into another (it discards each cell's id); so the id carries no meaning, but it
+    makes the same cells saved from two workspaces two byte strings. Encoders write id 0,
+    so an encoding's bytes depend on its tokens alone.
+    """
+    lay = _layout_parse(blob)
+    out = bytearray(lay.buf)
+    struct.pack_into("<i", out, 4, seq_id)
+    for sec in lay.sections:
+        ids = sec.cells_off + lay.cell_bytes - 4 + lay.cell_bytes * np.arange(sec.n_cell)  # each cell's last field
+        for offset in ids.tolist():
+            struct.pack_into("<i", out, offset, seq_id)
+    return out

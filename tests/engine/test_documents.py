@@ -397,3 +397,69 @@ def test_documents_are_refused_where_cells_cannot_move(cache_with_store):
     cache.prompts.can_shift = False  # as a cache whose positions llama.cpp cannot shift reports
     with pytest.raises(DocumentError, match="cannot|does not allow"):
         cache.add_document(PARIS)
+
+
+LEDGER = " ".join(f"Ledger line {i}: the harbour office received {i % 13} crates of tea and {i % 7} of silk."
+                for i in range(140))  # ~2,500 tokens: five batches of 512
+
+
+@pytest.mark.tiny_only  # about scheduling, not the model: the tiny one keeps it fast
+def test_a_prompt_runs_between_the_batches_of_a_long_document_being_added(cache_with_store):
+    import threading
+    import time
+
+    cache = cache_with_store(n_ctx=4096)
+    cache.add_document(PARIS)
+    events, threads = [], []
+
+    def ask_in_another_thread():
+        cache.ask(QUESTION, documents=[document_id(PARIS)], max_tokens=3)
+        events.append("answered")
+
+    def on_progress(event):
+        events.append(("batch", event.tokens_done))
+        if not threads:  # after the first batch: a question arrives, and waits for the lock
+            threads.append(threading.Thread(target=ask_in_another_thread))
+            threads[0].start()
+            time.sleep(0.3)
+
+    cache.add_document(LEDGER, name="ledger", progress=on_progress)
+    threads[0].join(timeout=60)
+    batches = [e for e in events if e != "answered"]
+    assert len(batches) >= 4 and "answered" in events
+    # Holding the lock for the whole document, the question was answered after its last batch.
+    assert events.index("answered") < len(events) - 1, events
+
+
+@pytest.mark.tiny_only
+def test_a_cancelled_add_stops_after_a_batch_and_registers_nothing(cache_with_store):
+    import threading
+
+    from pc_cpu.errors import AddCancelledError
+
+    cache = cache_with_store(n_ctx=4096)
+    cancel, seen = threading.Event(), []
+
+    def on_progress(event):
+        seen.append(event.tokens_done)
+        cancel.set()
+
+    with pytest.raises(AddCancelledError, match="adding document ledger was cancelled; nothing was registered"):
+        cache.add_document(LEDGER, name="ledger", progress=on_progress, cancel=cancel)
+    assert len(seen) == 1 and cache.list_documents() == []
+    assert cache.add_document(LEDGER, name="ledger") == document_id(LEDGER)  # the stream was left clean
+    assert cache.ask("Which office?", documents=["ledger"], max_tokens=2).token_ids
+
+
+@pytest.mark.tiny_only
+def test_a_document_has_the_same_bytes_whichever_workspace_encoded_it(make_cache):
+    # add_document computes in a stream of its own, a question's missing document in the encoders'
+    # workspace; llama.cpp writes the stream's sequence id into the state, which encoders reset to 0.
+    cache = make_cache(store=False)
+    preamble = preamble_tokens(None, cache.model, cache.markup)
+    tokens = document_tokens(PARIS, cache.model)
+    key = cache._documents.document_key(preamble, document_id(PARIS), tokens)
+    by_adder, _ = cache._adder.document_blob(preamble, document_id(PARIS), tokens)
+    cache.store.remove(key)
+    by_workspace, tier = cache._documents.document_blob(preamble, document_id(PARIS), tokens)
+    assert tier == "encoded" and by_adder == by_workspace and state_blob.scan(by_adder).seq_id == 0

@@ -110,3 +110,28 @@ def test_requests_wait_for_a_free_slot_and_then_run(make_cache):
     results = [("".join(s), s.result)[1] for s in streams]
     assert all(r.finish_reason == "length" and len(r.token_ids) == 400 for r in results)
     assert cache._scheduler.stats.max_batch == 2
+
+
+@pytest.mark.tiny_only  # about scheduling, not the model
+def test_a_prompt_runs_between_the_modules_of_a_schema_being_loaded(make_cache):
+    cache = make_cache(parallel=2)
+    cache.load_schema(SCHEMA)
+    events, threads = [], []
+    many = "".join(f'<module name="m{i}">{DOC}</module>' for i in range(6))
+
+    def answer():
+        cache.generate(prompt(QUESTIONS[0]), max_tokens=3)
+        events.append("answered")
+
+    def on_progress(event):
+        if event.finished or event.modules_done == 0:
+            return
+        events.append(("module", event.modules_done))
+        if not threads:  # a prompt arrives after the first module, and waits for the lock
+            threads.append(threading.Thread(target=answer))
+            threads[0].start()
+            time.sleep(0.3)
+
+    cache.load_schema(f'<schema name="big">{many}</schema>', progress=on_progress)
+    threads[0].join(timeout=60)
+    assert "answered" in events and events.index("answered") < len(events) - 1, events

@@ -73,3 +73,36 @@ def test_a_waiting_thread_gets_in_between_a_busy_threads_turns():
     stop.set()
     worker.join(timeout=10)
     assert waited < 0.5  # one of the busy thread's turns, not "until it stops"
+
+
+def test_yield_turn_lets_every_waiting_thread_in_first_then_resumes():
+    lock = FairLock()
+    order = []
+    lock.acquire()
+    waiters = [threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release())) for i in range(2)]
+    for thread in waiters:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while lock._next_ticket < 3 and time.monotonic() < deadline:  # both hold a ticket: they are waiting
+        time.sleep(0.001)
+    lock.yield_turn()
+    order.append("resumed")
+    lock.release()
+    for thread in waiters:
+        thread.join(timeout=10)
+    assert order == [0, 1, "resumed"]
+
+
+def test_yield_turn_keeps_the_lock_when_nobody_waits_or_when_nested():
+    lock = FairLock()
+    with lock:
+        lock.yield_turn()  # nobody waits: still held, by this thread
+        assert isinstance(raised_in_another_thread(lock.release), RuntimeError)
+        with lock:
+            waiter = threading.Thread(target=lambda: (lock.acquire(), lock.release()))
+            waiter.start()
+            time.sleep(0.05)
+            lock.yield_turn()  # nested: an outer holder expects no interruption
+            assert waiter.is_alive()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
