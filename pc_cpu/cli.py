@@ -422,17 +422,31 @@ def store_ls(store_dir, as_json):
                    f"{_human_bytes(row['bytes']):>10}  {row['last_used']}")
     if not as_json:
         click.echo(f"{len(listing)} entries, {_human_bytes(sum(i.size_bytes for i in listing))}", err=True)
+    unusable = disk.unusable()  # left in place by the open; saying so keeps the count above honest
+    if unusable:
+        click.echo(f"{len(unusable)} file(s) not listed: unusable, or left by interrupted writes; "
+                   "`pc-cpu store verify` names them", err=True)
 
 
 @store.command()
 @store_option
-@click.option("--delete", is_flag=True, help="Also delete the bad files.")
+@click.option("--delete", is_flag=True, help="Also delete the bad files and orphaned temp files.")
 def verify(store_dir, delete):
-    """Check every stored file (header, checksums); exit code 1 if any is bad."""
-    bad = _open_disk_store(store_dir).verify(delete=delete)
+    """Check every stored file (header, checksums, cells) and find temp files of interrupted writes.
+
+    Lists each bad file; deletes nothing unless --delete. Exit code 1 if any is found.
+
+    Example: pc-cpu store verify --delete
+    """
+    disk = _open_disk_store(store_dir)
+    library = _document_library(disk)
+    bad = disk.verify(delete=delete) + (library.verify(delete=delete) if library is not None else [])
     for item in bad:
-        click.echo(f"bad: {item.path.name}: {item.reason}: {item.message}")
-    click.echo(f"{len(bad)} bad file(s){' deleted' if delete and bad else ''}", err=True)
+        done = " (deleted)" if item.deleted else ""
+        click.echo(f"bad: {item.path.relative_to(disk.directory)}: {item.reason}: {item.message}{done}")
+    deleted = sum(item.deleted for item in bad)
+    kept = f", {len(bad) - deleted} could not be deleted" if delete and deleted < len(bad) else ""
+    click.echo(f"{len(bad)} bad file(s){f', {deleted} deleted' if delete else ''}{kept}", err=True)
     if bad:
         sys.exit(1)
 
@@ -465,7 +479,7 @@ def rm(ids, store_dir):
 @store_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clear(store_dir, yes):
-    """Delete every stored module."""
+    """Delete every stored module, and temp files that interrupted writes left behind."""
     disk = _open_disk_store(store_dir)
     if not yes:
         click.confirm(f"delete every stored module in {disk.directory}?", abort=True)

@@ -120,10 +120,11 @@ class EntryTooLargeError(StoreError):
 
 
 class CorruptEntryError(StoreError):
-    """A store file is truncated, corrupted, of another format version, or holds another key.
+    """A store file is truncated, corrupted, of another format version, holds another key, or impossible cells.
 
-    The disk store never lets this escape from `get`: it logs one warning, deletes the file and
-    reports a miss, so the engine re-encodes the module. ``reason`` is a short phrase for listings.
+    The disk store never lets this escape from `get`: it logs one warning, deletes the file if it
+    can (the warning says whether it did) and reports a miss, so the engine re-encodes the module.
+    ``reason`` is a short phrase for listings ("checksum", "cells", ...).
     """
 
     def __init__(self, message: str, *, reason: str):

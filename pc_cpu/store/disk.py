@@ -1,11 +1,21 @@
 """Tier 2: encoded modules as files in a directory, content-addressed, checksummed, atomic, LRU.
 
-Each entry is one file named ``<key digest>.pcs`` (layout in pc_cpu.store.disk_format). A write
-goes to a temp file in the same directory, is fsync'd, then os.replace'd over the final name, so
-a reader sees the old file or the new one, never half of one. A file that fails any check on read
-(truncated, corrupted, another version, another key, garbage) is logged once, deleted, and
-reported as a miss: the engine re-encodes the module. LRU order is the files' mtime, which `get`
-touches, so a second process opening the same directory sees the same order.
+Each entry is one file named ``<key digest>.pcs`` (layout in pc_cpu.store.disk_format), written
+atomically (pc_cpu.store.atomic), so a reader sees the old file or the new one, never half of one.
+LRU order is the files' mtime, which `get` touches, so a second process opening the same
+directory sees the same order.
+
+Who deletes what:
+- Opening the store (and `ls`) deletes nothing: a file with a bad header, or named for another key,
+  is left in place and ignored (`unusable` lists it).
+- `get` reads the whole entry and checks its checksums and cells (pc_cpu.store.cells); a file that
+  fails (truncated, corrupted, another version, another key, garbage, impossible cells) is a miss
+  (the engine re-encodes the module) and is deleted when the directory allows it; the one warning
+  says whether it was.
+- `verify` reports every bad file and orphaned temp file; only `verify(delete=True)` deletes them.
+- Orphaned temp files (writes a killed process left unfinished, pc_cpu.store.atomic) count against
+  the budget from the scan at open on, and are the first thing deleted when a write needs room:
+  they hold nothing, and a store that never writes (`ls`, a read-only directory) never deletes.
 
 Concurrent writers are not coordinated: ``bytes_used`` counts the files this instance scanned at
 open plus those it wrote or read since.
@@ -13,11 +23,11 @@ open plus those it wrote or read since.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
 import re
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +36,9 @@ from typing import Mapping
 import platformdirs
 
 from pc_cpu.errors import CorruptEntryError, EntryTooLargeError, StoreError
+from pc_cpu.store.atomic import find_orphans, make_temp, write_atomically
 from pc_cpu.store.base import Evicted
+from pc_cpu.store.cells import check_cells
 from pc_cpu.store.disk_format import LEGACY_CONTENT_PREFIX, Header, encode_header, read_entry, read_header
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
@@ -36,7 +48,7 @@ log = logging.getLogger(__name__)
 SUFFIX = ".pcs"
 DEFAULT_DISK_BUDGET_BYTES = 4 * 1024**3  # 4 GiB
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.pcs$")
-_TEMP_SUFFIX = ".tmp"
+ORPHAN = "orphan"  # BadFile.reason of a temp file an interrupted write left behind
 _DIRECTORY_FIX = ("fix its permissions, point --store or $PC_CPU_STORE_DIR at a writable directory, "
                   "or keep modules in RAM only (--no-store, store=False)")
 
@@ -69,11 +81,12 @@ class DiskListing:
 
 @dataclass(frozen=True)
 class BadFile:
-    """A store file that failed its checks, as `DiskStore.verify` reports it."""
+    """A store file that failed its checks, or an orphaned temp file, as `DiskStore.verify` reports it."""
 
     path: Path
-    reason: str  # CorruptEntryError.reason, e.g. "checksum", "truncated", "bad_magic"
-    message: str
+    reason: str  # CorruptEntryError.reason (e.g. "checksum", "truncated", "cells"), "unreadable" or ORPHAN
+    message: str  # what is wrong; after a failed delete, also why it is still there
+    deleted: bool = False  # verify(delete=True) removed it
 
 
 @dataclass
@@ -94,7 +107,9 @@ class DiskStore:
         self.directory = Path(directory) if directory is not None else default_store_dir()
         self._budget = budget_bytes  # bytes of whole files
         self._index: OrderedDict[str, _Record] = OrderedDict()  # digest -> record, oldest first
-        self._used = 0  # bytes of whole files, kept current on put/remove/get
+        self._used = 0  # bytes of whole files and orphans, kept current on put/remove/get
+        self._orphans: dict[Path, int] = {}  # orphaned temp file -> bytes, counted in _used until deleted
+        self._unusable: dict[str, BadFile] = {}  # file name -> why the scan at open ignored it
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -109,16 +124,16 @@ class DiskStore:
         and a store that refuses each write would only be noticed as warnings, one per module.
         """
         try:
-            fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=_TEMP_SUFFIX, dir=self.directory)
+            fd, probe = make_temp(self.directory, "write-check")
             os.close(fd)
-            os.unlink(probe)
+            probe.unlink()
         except OSError as exc:
             raise StoreError(f"store directory {self.directory} is not writable ({exc.strerror}); "
                              f"{_DIRECTORY_FIX}") from exc
 
     @property
     def bytes_used(self) -> int:
-        """Returns the bytes of the entry files this instance knows of."""
+        """Returns the bytes of the entry files this instance knows of, and of the orphaned temp files found at open."""
         return self._used
 
     @property
@@ -144,19 +159,21 @@ class DiskStore:
     def get(self, key: StoreKey) -> Entry | None:
         """Returns the checked entry for `key` and touches its file, or None on a miss.
 
-        A file that fails any check is logged once, deleted, and reported as a miss. Never raises
-        for file content; an unreadable file (permissions) is logged and reported as a miss.
+        A file that fails any check, its cells included, is a miss: logged once, and deleted if
+        the directory allows it. Never raises for file content; an unreadable file (permissions)
+        is logged and reported as a miss.
         """
         digest, path = key.digest(), self.path_for(key)
         try:
             with open(path, "rb") as f:
                 header, entry = read_entry(f, expected=key)
                 size = os.fstat(f.fileno()).st_size
+            check_cells(entry)
         except FileNotFoundError:
             self._forget(digest)
             return None
         except CorruptEntryError as exc:
-            self._discard(path, exc)
+            self._drop_bad(path, exc)
             return None
         except OSError as exc:
             log.warning("store file %s is unreadable (%s); treating %s as a miss", path, exc, key.describe())
@@ -185,19 +202,27 @@ class DiskStore:
         digest, path = key.digest(), self.path_for(key)
         self._write_atomically(path, header, entry.payload)
         self._forget(digest)
+        self._unusable.pop(path.name, None)  # replaced by a good file
         evicted = self._evict_for(size)
         parsed = read_header(io.BytesIO(header))  # the exact header written, sha256 included
         self._remember(digest, _Record(parsed, size, _now_mtime(path)))
         return evicted
 
     def remove(self, key: StoreKey) -> bool:
-        """Deletes the file for `key`; returns whether it existed."""
-        digest = key.digest()
+        """Deletes the file for `key`; returns whether it existed.
+
+        Raises:
+            StoreError: the file exists but cannot be deleted (a read-only directory).
+        """
+        digest, path = key.digest(), self.path_for(key)
         known = self._forget(digest)
+        self._unusable.pop(path.name, None)
         try:
-            self.path_for(key).unlink()
+            path.unlink()
         except FileNotFoundError:
             return known
+        except OSError as exc:
+            raise StoreError(f"cannot delete store file {path} ({exc.strerror}); {_DIRECTORY_FIX}") from None
         return True
 
     def ls(self) -> list[DiskListing]:
@@ -205,43 +230,52 @@ class DiskStore:
         return [DiskListing(r.header.key, r.header.n_tokens, r.header.positions, r.header.created, r.size,
                             r.mtime, self.directory / (digest + SUFFIX)) for digest, r in self._index.items()]
 
+    def unusable(self) -> list[BadFile]:
+        """Returns the files the scan at open left out of the index, by name; it deleted none of them.
+
+        Those are entry files with a bad header or named for another key, and orphaned temp files;
+        `verify` also reads each payload.
+        """
+        return sorted(self._unusable.values(), key=lambda bad: bad.path.name)
+
     def verify(self, *, delete: bool = False) -> list[BadFile]:
-        """Returns the entry files that fail any check (payload checksums included).
+        """Returns every bad file, by name; without `delete`, nothing is deleted.
+
+        Bad files are entry files that fail any check (checksums and cells included) and orphaned
+        temp files.
 
         Args:
-            delete: also delete the bad files (and forget them).
+            delete: also delete them (and forget them); a file that cannot be deleted comes back
+                with deleted=False and the reason in its message.
         """
-        bad: list[BadFile] = []
-        for path in self._entry_files():
-            try:
-                with open(path, "rb") as f:
-                    header, _ = read_entry(f)
-                _check_name(path, header)
-            except CorruptEntryError as exc:
-                bad.append(BadFile(path, exc.reason, str(exc)))
-                if delete:
-                    self._forget(path.stem)
-                    path.unlink(missing_ok=True)
-            except OSError as exc:
-                bad.append(BadFile(path, "unreadable", str(exc)))
-        return bad
+        bad = [found for found in map(_check_file, self._entry_files()) if found is not None]
+        bad += [BadFile(o.path, ORPHAN, o.why) for o in find_orphans(self.directory)]
+        return [self._delete_bad(item) for item in bad] if delete else bad
 
     def clear(self) -> int:
-        """Deletes every entry file and leftover temp file; returns how many entry files went."""
-        removed = 0
-        for path in self._entry_files():
-            path.unlink(missing_ok=True)
-            removed += 1
-        for path in self.directory.glob("*" + _TEMP_SUFFIX):
-            path.unlink(missing_ok=True)
+        """Deletes every entry file and orphaned temp file; returns how many entry files went.
+
+        Temp files of writes in progress (another process's) are left alone.
+
+        Raises:
+            StoreError: a file cannot be deleted (a read-only directory).
+        """
+        entries = self._entry_files()
+        for path in entries + [o.path for o in find_orphans(self.directory)]:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot delete store file {path} ({exc.strerror}); {_DIRECTORY_FIX}") from None
         self._index.clear()
+        self._orphans.clear()
+        self._unusable.clear()
         self._used = 0
-        return removed
+        return len(entries)
 
     # -- helpers -------------------------------------------------------------------------------
 
     def _scan(self) -> None:
-        """Indexes the existing files by mtime (oldest first); deletes those with a bad header."""
+        """Indexes the entry files with a good header by mtime (oldest first); notes, never deletes, the rest."""
         found: list[tuple[int, str, _Record]] = []
         for path in self._entry_files():
             try:
@@ -250,14 +284,22 @@ class DiskStore:
                     stat = os.fstat(f.fileno())
                 _check_name(path, header)
             except CorruptEntryError as exc:
-                self._discard(path, exc)
+                self._unusable[path.name] = BadFile(path, exc.reason, str(exc))
                 continue
             except OSError as exc:
-                log.warning("store file %s is unreadable (%s); skipping it", path, exc)
+                self._unusable[path.name] = BadFile(path, "unreadable", str(exc))
                 continue
             found.append((stat.st_mtime_ns, path.name, _Record(header, stat.st_size, stat.st_mtime)))
         for _, name, record in sorted(found, key=lambda t: (t[0], t[1])):
             self._remember(name[: -len(SUFFIX)], record)
+        for orphan in find_orphans(self.directory):
+            self._orphans[orphan.path] = orphan.size_bytes
+            self._used += orphan.size_bytes
+            self._unusable[orphan.path.name] = BadFile(orphan.path, ORPHAN, orphan.why)
+        # info, not warning: ignoring them is safe, and every process that opens the store would say it
+        if self._unusable:
+            log.info("%s: %d file(s) ignored, left in place (`pc-cpu store verify` names them, `--delete` removes "
+                     "them)", self.directory, len(self._unusable))
 
     def _entry_files(self) -> list[Path]:
         try:
@@ -267,23 +309,15 @@ class DiskStore:
                              f"{_DIRECTORY_FIX}") from exc
 
     def _write_atomically(self, path: Path, header: bytes, payload: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix="." + path.stem[:16] + ".", suffix=_TEMP_SUFFIX, dir=self.directory)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            Path(tmp).unlink(missing_ok=True)
-            if isinstance(exc, OSError):
-                raise StoreError(f"cannot write store file {path}: {exc}; free disk space, or "
-                                 f"{_DIRECTORY_FIX}") from exc
-            raise
-        _fsync_directory(self.directory)
+            write_atomically(path, [header, payload])
+        except OSError as exc:
+            raise StoreError(f"cannot write store file {path}: {exc}; free disk space, or "
+                             f"{_DIRECTORY_FIX}") from exc
 
     def _evict_for(self, incoming: int) -> list[Evicted]:
+        if self._orphans and self._used + incoming > self._budget:
+            self._delete_orphans()  # they hold nothing: gone before any entry is
         evicted: list[Evicted] = []
         while self._index and self._used + incoming > self._budget:
             digest, record = self._index.popitem(last=False)
@@ -304,11 +338,69 @@ class DiskStore:
         self._used -= record.size
         return True
 
-    def _discard(self, path: Path, exc: CorruptEntryError) -> None:
+    def _delete_orphans(self) -> None:
+        """Deletes the orphaned temp files counted in the budget; one that resists is logged and no longer counted."""
+        for path, size in list(self._orphans.items()):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("%s: cannot delete orphaned temp file %s (%s); no longer counted in the budget",
+                            self.name, path, exc.strerror)
+            del self._orphans[path]
+            self._unusable.pop(path.name, None)
+            self._used -= size
+
+    def _drop_bad(self, path: Path, exc: CorruptEntryError) -> None:
+        """Forgets a file `get` found bad and deletes it if it can; the one warning says which happened."""
+        self._forget(path.name[: -len(SUFFIX)])
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            known = self._unusable.get(path.name)
+            self._unusable[path.name] = BadFile(path, exc.reason, str(exc))
+            if known is not None and known.message == str(exc):
+                return  # warned at the first read; every get would repeat it
+            log.warning("store file %s is unusable (%s: %s); could not delete it (%s), so it stays, ignored; "
+                        "the module will be re-encoded", path, exc.reason, exc, err.strerror)
+            return
+        self._unusable.pop(path.name, None)
         log.warning("store file %s is unusable (%s: %s); deleted it, the module will be re-encoded",
                     path, exc.reason, exc)
-        self._forget(path.name[: -len(SUFFIX)])
-        path.unlink(missing_ok=True)
+
+    def _delete_bad(self, bad: BadFile) -> BadFile:
+        """Deletes a file `verify` found bad and forgets it; returns what `delete_bad_file` did."""
+        bad = delete_bad_file(bad)
+        if not bad.deleted:
+            return bad
+        self._forget(bad.path.name[: -len(SUFFIX)])
+        self._unusable.pop(bad.path.name, None)
+        size = self._orphans.pop(bad.path, None)
+        if size is not None:
+            self._used -= size
+        return bad
+
+
+def delete_bad_file(bad: BadFile) -> BadFile:
+    """Deletes a file `verify` found bad; returns it marked deleted, or with why it is still there in its message."""
+    try:
+        bad.path.unlink(missing_ok=True)
+    except OSError as exc:
+        return dataclasses.replace(bad, message=f"{bad.message}; not deleted: {exc.strerror}")
+    return dataclasses.replace(bad, deleted=True)
+
+
+def _check_file(path: Path) -> BadFile | None:
+    """Returns what is wrong with the entry file `path` (every check, cells included), or None if nothing."""
+    try:
+        with open(path, "rb") as f:
+            header, entry = read_entry(f)
+        _check_name(path, header)
+        check_cells(entry)
+    except CorruptEntryError as exc:
+        return BadFile(path, exc.reason, str(exc))
+    except OSError as exc:
+        return BadFile(path, "unreadable", str(exc))
+    return None
 
 
 def _check_name(path: Path, header: Header) -> None:
@@ -326,17 +418,3 @@ def _now_mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Makes a rename durable; a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

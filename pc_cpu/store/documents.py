@@ -1,9 +1,12 @@
 """The document library: each document's text and names, kept beside the store so that documents survive a restart.
 
 One small JSON file per document (`<store>/documents/<id>.json`: id, text, names,
-added), written atomically, so adding or removing one document never rewrites the
-others and two processes sharing a store see each other's documents on open. The
-text is kept because encodings can leave the byte tiers (budgets, `store rm`,
+added), written atomically (pc_cpu.store.atomic), so adding or removing one document
+never rewrites the others. Processes sharing a store share the library: `add` and
+`remove` hold a lock on `<store>/documents/.lock` (pc_cpu.store.file_lock) and re-read
+every file under it before changing one, so names given at once all survive and a
+name never comes to name two texts; `resolve` re-reads on a miss, so a document
+another process added since is found. The text is kept because encodings can leave the byte tiers (budgets, `store rm`,
 another system message): the document is then encoded again from it. Its
 encodings themselves live in the tiers like every other (pc_cpu.store.tiers),
 labelled `document_label(id)`.
@@ -15,17 +18,21 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from pc_cpu.errors import DocumentError, StoreError, UnknownDocumentError
+from pc_cpu.store.atomic import find_orphans, write_atomically
+from pc_cpu.store.disk import ORPHAN, BadFile, delete_bad_file
+from pc_cpu.store.file_lock import exclusive
 
 log = logging.getLogger(__name__)
 
 _ID_PREFIX = "doc-"
+_LOCK_NAME = ".lock"  # in the library directory; held around every change
 
 
 def document_label(doc_id: str) -> str:
@@ -47,26 +54,47 @@ class DocumentLibrary:
     def __init__(self, directory: Path | None):
         self.directory = directory
         self._docs: dict[str, Document] = {}
+        self._warned: set[Path] = set()  # unreadable files already logged: each re-read would repeat them
         if directory is not None:
-            self._load(directory)
-
-    def _load(self, directory: Path) -> None:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            files = sorted(directory.glob(f"{_ID_PREFIX}*.json"))
-        except OSError as exc:
-            raise StoreError(f"cannot open the document library {directory}: {exc}; fix its permissions or "
-                             "point --store elsewhere") from None
-        for path in files:
             try:
-                raw = json.loads(path.read_text("utf-8"))
-                doc = Document(raw["id"], raw["text"], list(raw.get("names", [])), float(raw.get("added", 0)))
-                if doc.id != path.stem or not isinstance(doc.text, str):
-                    raise ValueError("id or text does not match the file")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("document file %s is unreadable (%s); skipped", path, exc)
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot open the document library {directory}: {exc}; fix its permissions or "
+                                 "point --store elsewhere") from None
+            self._reload()
+
+    def _reload(self) -> None:
+        """Replaces what this instance knows with the files as they are now (other processes write them too)."""
+        docs = {}
+        for path in self._files():
+            try:
+                doc = _read_document(path)
+            except FileNotFoundError:
+                continue  # removed by another process since the listing
+            except (OSError, ValueError) as exc:
+                if path not in self._warned:
+                    self._warned.add(path)
+                    log.warning("document file %s is unreadable (%s); skipped", path, exc)
                 continue
-            self._docs[doc.id] = doc
+            docs[doc.id] = doc
+        self._docs = docs
+
+    def _files(self) -> list[Path]:
+        try:
+            return sorted(self.directory.glob(f"{_ID_PREFIX}*.json"))
+        except OSError as exc:
+            raise StoreError(f"cannot list the document library {self.directory}: {exc}; fix its permissions or "
+                             "point --store elsewhere") from None
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Holds the library's lock across processes, with what this instance knows re-read under it."""
+        if self.directory is None:
+            yield
+            return
+        with exclusive(self.directory / _LOCK_NAME):
+            self._reload()
+            yield
 
     def __len__(self) -> int:
         return len(self._docs)
@@ -84,28 +112,42 @@ class DocumentLibrary:
         Raises:
             UnknownDocumentError: nothing has this id or name.
         """
-        doc = self._docs.get(id_or_name) or next((d for d in self._docs.values() if id_or_name in d.names), None)
+        doc = self._find(id_or_name)
+        if doc is None and self.directory is not None:
+            self._reload()  # another process may have added it since this one read the library
+            doc = self._find(id_or_name)
         if doc is None:
             raise UnknownDocumentError(
                 f"no document has id or name {id_or_name!r} ({len(self._docs)} documents in the library); "
                 "add it first with add_document (pc-cpu ask --doc FILE, POST /v1/documents)")
         return doc
 
+    def _find(self, id_or_name: str) -> Document | None:
+        return self._docs.get(id_or_name) or next((d for d in self._docs.values() if id_or_name in d.names), None)
+
     def add(self, doc_id: str, text: str, name: str | None) -> Document:
         """Returns the document of `text`, recording it (and `name` as an alias) if new.
 
+        Checked and written under the library's lock against its files as they are then, so
+        another process's documents and names count (see the module docstring).
+
         Raises:
-            DocumentError: `name` already names a document with other text.
+            DocumentError: `name` already names a document with other text, in this process or another.
+            StoreError: the library directory cannot be locked or written.
         """
+        if name is not None and name.startswith(_ID_PREFIX):
+            raise DocumentError(f"name {name!r} looks like a document id; choose a name not starting with "
+                                f"{_ID_PREFIX!r}")
+        with self._changing():
+            return self._add(doc_id, text, name)
+
+    def _add(self, doc_id: str, text: str, name: str | None) -> Document:
         if name is not None:
             owner = next((d for d in self._docs.values() if name in d.names), None)
             if owner is not None and owner.id != doc_id:
                 raise DocumentError(
                     f"name {name!r} already names document {owner.id} with other text; remove that document "
                     "first (remove_document, DELETE /v1/documents/{id}) or choose another name")
-            if name.startswith(_ID_PREFIX):
-                raise DocumentError(f"name {name!r} looks like a document id; choose a name not starting with "
-                                    f"{_ID_PREFIX!r}")
         doc = self._docs.get(doc_id)
         if doc is None:
             doc = Document(doc_id, text, [], time.time())
@@ -119,13 +161,33 @@ class DocumentLibrary:
         return doc
 
     def remove(self, doc_id: str) -> None:
-        """Forgets a document and deletes its file."""
-        self._docs.pop(doc_id, None)
-        if self.directory is not None:
+        """Forgets a document and deletes its file (under the library's lock)."""
+        with self._changing():
+            self._docs.pop(doc_id, None)
+            if self.directory is not None:
+                try:
+                    (self.directory / f"{doc_id}.json").unlink(missing_ok=True)
+                except OSError as exc:
+                    raise StoreError(f"cannot delete document {doc_id} from {self.directory}: {exc}") from None
+
+    def verify(self, *, delete: bool = False) -> list[BadFile]:
+        """Returns the library's bad files, by name: unreadable document files and orphaned temp files.
+
+        Args:
+            delete: also delete them; one that cannot be deleted comes back with deleted=False.
+        """
+        if self.directory is None:
+            return []
+        bad = []
+        for path in self._files():
             try:
-                (self.directory / f"{doc_id}.json").unlink(missing_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot delete document {doc_id} from {self.directory}: {exc}") from None
+                _read_document(path)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                bad.append(BadFile(path, "corrupt", f"document file is unreadable ({exc})"))
+        bad += [BadFile(o.path, ORPHAN, o.why) for o in find_orphans(self.directory)]
+        return [delete_bad_file(item) for item in bad] if delete else bad
 
     def _save(self, doc: Document) -> None:
         if self.directory is None:
@@ -133,12 +195,24 @@ class DocumentLibrary:
         data = json.dumps({"id": doc.id, "text": doc.text, "names": doc.names, "added": doc.added},
                           ensure_ascii=False).encode("utf-8")
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.directory / f"{doc.id}.json")
+            write_atomically(self.directory / f"{doc.id}.json", [data])
         except OSError as exc:
             raise StoreError(f"cannot write document {doc.id} to {self.directory}: {exc}; free space or fix "
                              "the directory's permissions") from None
+
+
+def _read_document(path: Path) -> Document:
+    """Returns the document in `path`.
+
+    Raises:
+        OSError: the file cannot be read (FileNotFoundError: it is gone).
+        ValueError: it is not a document file, or not the one its name says.
+    """
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+        doc = Document(raw["id"], raw["text"], list(raw.get("names", [])), float(raw.get("added", 0)))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a document file: {exc!r}") from None
+    if doc.id != path.stem or not isinstance(doc.text, str):
+        raise ValueError("id or text does not match the file")
+    return doc

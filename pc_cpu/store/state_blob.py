@@ -331,6 +331,15 @@ def section_cells(blob: BlobLike) -> tuple[int, ...]:
     return tuple(sec.n_cell for sec in _layout_parse(blob).sections)
 
 
+def section_positions(blob: BlobLike) -> tuple[np.ndarray, ...]:
+    """Returns the positions of each KV cache's (section's) cells, in blob order: int32 arrays, cell order.
+
+    For checking what a stored blob holds (pc_cpu.store.cells): duplicates and strays are left
+    in, as the blob has them; :func:`scan` reports only the extremes of the first section.
+    """
+    return tuple(sec.positions.copy() for sec in _layout_parse(blob).sections)
+
+
 def layer_kv(blob: BlobLike, layer: int, *, section: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Returns (positions, K, V) of the `layer`-th layer of KV cache `section`: float32 arrays, one row per cell.
 

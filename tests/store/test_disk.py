@@ -6,16 +6,20 @@ import hashlib
 import logging
 import os
 import pathlib
+import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 
 from pc_cpu.errors import EntryTooLargeError, StoreError
 from pc_cpu.store import disk as disk_module
+from pc_cpu.store.atomic import ORPHAN_AGE_S
 from pc_cpu.store.base import Evicted, ModuleStore
 from pc_cpu.store.disk import DiskStore, default_store_dir
 from pc_cpu.store.disk_format import encode_header
-from tests.store.conftest import entry, key, name as name_of
+from tests.store.conftest import blob_entry, key, name as name_of
 
 PAYLOAD = 1000  # bytes per fake state blob
 
@@ -33,13 +37,48 @@ def leftovers(directory: pathlib.Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
+def files_in(directory: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def temp_file(directory: pathlib.Path, stem: str, *, pid: int | None = None, age_s: float = 0.0,
+              nbytes: int = 100) -> pathlib.Path:
+    """Writes a temp file named as an atomic write names it (`.<stem>.<pid>.<random>.tmp`; older
+    versions left the pid out), last written `age_s` seconds ago."""
+    path = directory / (f".{stem}.{pid}.k3x9q2zw.tmp" if pid is not None else f".{stem}.k3x9q2zw.tmp")
+    path.write_bytes(b"\0" * nbytes)
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def gone_pid() -> int:
+    """Returns the pid of a process that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.fixture
+def refuse_deletes(monkeypatch):
+    """Returns a function that makes every later file deletion fail as in a read-only directory.
+
+    Simulated: these tests may run as root, whom chmod does not stop.
+    """
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    return lambda: monkeypatch.setattr(pathlib.Path, "unlink", refuse)
+
+
 def test_is_a_module_store(store_dir):
     assert isinstance(DiskStore(store_dir), ModuleStore)
 
 
 def test_round_trip_and_byte_totals(store_dir):
     disk = DiskStore(store_dir)
-    a, b = entry(PAYLOAD, 1, n_tokens=5), entry(PAYLOAD // 2, 2)
+    a, b = blob_entry(PAYLOAD, 1, n_tokens=5), blob_entry(PAYLOAD // 2, 2)
     assert disk.put(key("a"), a) == []
     assert disk.bytes_used == file_size(key("a"), a)
     disk.put(key("b"), b)
@@ -57,46 +96,46 @@ def test_round_trip_and_byte_totals(store_dir):
 
 def test_a_second_process_sees_the_same_entries(store_dir):
     first = DiskStore(store_dir)
-    first.put(key("a"), entry(PAYLOAD, 1))
-    first.put(key("b"), entry(PAYLOAD, 2))
+    first.put(key("a"), blob_entry(PAYLOAD, 1))
+    first.put(key("b"), blob_entry(PAYLOAD, 2))
     second = DiskStore(store_dir)  # scans the directory once at open
     assert second.bytes_used == first.bytes_used
     assert sorted(name_of(k) for k in second.keys()) == ["a", "b"]
-    assert second.get(key("b")) == entry(PAYLOAD, 2)
+    assert second.get(key("b")) == blob_entry(PAYLOAD, 2)
     listing = {item.key.label.split("/")[-1]: item for item in second.ls()}
     assert listing["a"].n_tokens == 7 and listing["a"].positions == (3, 10)
-    assert listing["a"].size_bytes == file_size(key("a"), entry(PAYLOAD, 1))
+    assert listing["a"].size_bytes == file_size(key("a"), blob_entry(PAYLOAD, 1))
     assert listing["a"].path == first.path_for(key("a"))
 
 
 def test_replacing_an_entry_keeps_the_total_current(store_dir):
     disk = DiskStore(store_dir)
-    disk.put(key("a"), entry(PAYLOAD, 1))
-    disk.put(key("a"), entry(PAYLOAD * 2, 2))
-    assert disk.bytes_used == file_size(key("a"), entry(PAYLOAD * 2, 2))
-    assert disk.get(key("a")).payload == bytes([2]) * PAYLOAD * 2
+    disk.put(key("a"), blob_entry(PAYLOAD, 1))
+    disk.put(key("a"), blob_entry(PAYLOAD * 2, 2))
+    assert disk.bytes_used == file_size(key("a"), blob_entry(PAYLOAD * 2, 2))
+    assert disk.get(key("a")).payload == blob_entry(PAYLOAD * 2, 2).payload
     assert len(disk) == 1
 
 
 def test_budget_evicts_least_recently_used_exact_trace(store_dir):
-    size = file_size(key("a"), entry(PAYLOAD))  # same-length names: every file has this size
+    size = file_size(key("a"), blob_entry(PAYLOAD))  # same-length names: every file has this size
     disk = DiskStore(store_dir, budget_bytes=2 * size + size // 2)
-    assert disk.put(key("a"), entry(PAYLOAD)) == []
-    assert disk.put(key("b"), entry(PAYLOAD)) == []
+    assert disk.put(key("a"), blob_entry(PAYLOAD)) == []
+    assert disk.put(key("b"), blob_entry(PAYLOAD)) == []
     assert disk.get(key("a")) is not None  # touch: b is now the oldest
-    assert disk.put(key("c"), entry(PAYLOAD)) == [Evicted(key("b"), None)]
+    assert disk.put(key("c"), blob_entry(PAYLOAD)) == [Evicted(key("b"), None)]
     assert not disk.path_for(key("b")).exists()
     assert [name_of(k) for k in disk.keys()] == ["a", "c"]
     assert disk.bytes_used == 2 * size
-    assert disk.put(key("d"), entry(PAYLOAD)) == [Evicted(key("a"), None)]
+    assert disk.put(key("d"), blob_entry(PAYLOAD)) == [Evicted(key("a"), None)]
     assert disk.bytes_used == 2 * size
 
 
 def test_lru_order_survives_reopening(store_dir):
-    size = file_size(key("a"), entry(PAYLOAD))
+    size = file_size(key("a"), blob_entry(PAYLOAD))
     first = DiskStore(store_dir, budget_bytes=3 * size)
     for name in "abc":
-        first.put(key(name), entry(PAYLOAD))
+        first.put(key(name), blob_entry(PAYLOAD))
     # pin mtimes (file clocks are coarse): c oldest, then a, then b
     for name, t in (("c", 100), ("a", 200), ("b", 300)):
         os.utime(first.path_for(key(name)), (t, t))
@@ -104,7 +143,7 @@ def test_lru_order_survives_reopening(store_dir):
     assert [name_of(k) for k in second.keys()] == ["c", "a", "b"]
     second.get(key("c"))  # touches the file: c becomes the newest, on disk too
     assert second.path_for(key("c")).stat().st_mtime > 300
-    assert second.put(key("d"), entry(PAYLOAD)) == [Evicted(key("a"), None)]
+    assert second.put(key("d"), blob_entry(PAYLOAD)) == [Evicted(key("a"), None)]
     third = DiskStore(store_dir, budget_bytes=3 * size)
     assert [name_of(k) for k in third.keys()][0] == "b"
 
@@ -112,14 +151,14 @@ def test_lru_order_survives_reopening(store_dir):
 def test_entry_larger_than_budget_is_refused(store_dir):
     disk = DiskStore(store_dir, budget_bytes=PAYLOAD)
     with pytest.raises(EntryTooLargeError, match=r"bytes > disk budget of 1000 bytes"):
-        disk.put(key("a"), entry(PAYLOAD))
+        disk.put(key("a"), blob_entry(PAYLOAD))
     assert list(store_dir.iterdir()) == []
     assert disk.bytes_used == 0
 
 
 def test_crash_before_rename_leaves_the_old_entry_and_no_temp_file(store_dir, monkeypatch):
     disk = DiskStore(store_dir)
-    disk.put(key("a"), entry(PAYLOAD, 1))
+    disk.put(key("a"), blob_entry(PAYLOAD, 1))
     before = disk.bytes_used
 
     def crash(src, dst):
@@ -127,15 +166,15 @@ def test_crash_before_rename_leaves_the_old_entry_and_no_temp_file(store_dir, mo
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(StoreError, match="cannot write store file"):
-        disk.put(key("a"), entry(PAYLOAD, 2))
+        disk.put(key("a"), blob_entry(PAYLOAD, 2))
     with pytest.raises(StoreError):
-        disk.put(key("new"), entry(PAYLOAD, 3))
+        disk.put(key("new"), blob_entry(PAYLOAD, 3))
     monkeypatch.undo()
     assert leftovers(store_dir) == []
     assert disk.bytes_used == before
-    assert disk.get(key("a")) == entry(PAYLOAD, 1)
+    assert disk.get(key("a")) == blob_entry(PAYLOAD, 1)
     assert not disk.contains(key("new"))
-    assert DiskStore(store_dir).get(key("a")) == entry(PAYLOAD, 1)
+    assert DiskStore(store_dir).get(key("a")) == blob_entry(PAYLOAD, 1)
 
 
 def corrupt_flip_payload_byte(path: pathlib.Path) -> None:
@@ -208,8 +247,8 @@ CORRUPTIONS = [corrupt_huge_payload_claim, corrupt_sealed_header_types, corrupt_
 @pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
 def test_bad_file_is_a_miss_removed_with_one_warning(store_dir, caplog, corrupt):
     disk = DiskStore(store_dir)
-    disk.put(key("a"), entry(PAYLOAD))
-    disk.put(key("b"), entry(PAYLOAD))
+    disk.put(key("a"), blob_entry(PAYLOAD))
+    disk.put(key("b"), blob_entry(PAYLOAD))
     path = disk.path_for(key("a"))
     corrupt(path)
     caplog.set_level(logging.WARNING)
@@ -217,15 +256,15 @@ def test_bad_file_is_a_miss_removed_with_one_warning(store_dir, caplog, corrupt)
     assert not path.exists()
     assert len(warnings_of(caplog)) == 1
     assert "re-encoded" in warnings_of(caplog)[0].getMessage()
-    assert disk.bytes_used == file_size(key("b"), entry(PAYLOAD))
+    assert disk.bytes_used == file_size(key("b"), blob_entry(PAYLOAD))
     assert disk.get(key("a")) is None  # a plain miss now: no second warning
     assert len(warnings_of(caplog)) == 1
-    assert disk.get(key("b")) == entry(PAYLOAD)
+    assert disk.get(key("b")) == blob_entry(PAYLOAD)
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
 def test_bad_file_found_by_a_second_process(store_dir, caplog, corrupt):
-    DiskStore(store_dir).put(key("a"), entry(PAYLOAD))
+    DiskStore(store_dir).put(key("a"), blob_entry(PAYLOAD))
     path = DiskStore(store_dir).path_for(key("a"))
     corrupt(path)
     caplog.set_level(logging.WARNING)
@@ -238,7 +277,7 @@ def test_bad_file_found_by_a_second_process(store_dir, caplog, corrupt):
 
 def test_file_of_a_foreign_model_under_our_name_is_a_miss(store_dir, caplog):
     disk = DiskStore(store_dir)
-    disk.put(key("a", model="model-B"), entry(PAYLOAD))
+    disk.put(key("a", model="model-B"), blob_entry(PAYLOAD))
     ours = disk.path_for(key("a"))
     os.replace(disk.path_for(key("a", model="model-B")), ours)
     caplog.set_level(logging.WARNING)
@@ -250,7 +289,7 @@ def test_file_of_a_foreign_model_under_our_name_is_a_miss(store_dir, caplog):
 
 def test_foreign_model_files_are_simply_other_keys(store_dir):
     disk = DiskStore(store_dir)
-    disk.put(key("a", model="model-B"), entry(PAYLOAD))
+    disk.put(key("a", model="model-B"), blob_entry(PAYLOAD))
     assert disk.get(key("a")) is None
     assert disk.contains(key("a", model="model-B"))
 
@@ -265,7 +304,7 @@ def test_scan_ignores_other_files_and_temp_files(store_dir):
 
 def test_every_single_byte_flip_is_caught(store_dir, caplog):
     disk = DiskStore(store_dir)
-    disk.put(key("a"), entry(64))
+    disk.put(key("a"), blob_entry(64))
     path = disk.path_for(key("a"))
     good = path.read_bytes()
     caplog.set_level(logging.WARNING)
@@ -281,7 +320,7 @@ def test_every_single_byte_flip_is_caught(store_dir, caplog):
 def test_verify_reports_bad_files_and_can_delete_them(store_dir):
     disk = DiskStore(store_dir)
     for name in "abc":
-        disk.put(key(name), entry(PAYLOAD))
+        disk.put(key(name), blob_entry(PAYLOAD))
     corrupt_flip_payload_byte(disk.path_for(key("b")))
     corrupt_truncate(disk.path_for(key("c")))
     bad = disk.verify()
@@ -291,17 +330,17 @@ def test_verify_reports_bad_files_and_can_delete_them(store_dir):
     assert len(disk.verify(delete=True)) == 2
     assert disk.verify() == []
     assert [name_of(k) for k in disk.keys()] == ["a"]
-    assert disk.bytes_used == file_size(key("a"), entry(PAYLOAD))
+    assert disk.bytes_used == file_size(key("a"), blob_entry(PAYLOAD))
 
 
-def test_clear_removes_every_entry(store_dir):
+def test_clear_removes_every_entry_and_orphan_but_not_a_live_write(store_dir):
     disk = DiskStore(store_dir)
     for name in "ab":
-        disk.put(key(name), entry(PAYLOAD))
-    (store_dir / ".x.1.tmp").write_bytes(b"stale")
+        disk.put(key(name), blob_entry(PAYLOAD))
+    stale, live = temp_file(store_dir, "x", age_s=2 * ORPHAN_AGE_S), temp_file(store_dir, "y", pid=os.getpid())
     assert disk.clear() == 2
-    assert list(store_dir.iterdir()) == []
-    assert disk.bytes_used == 0 and disk.ls() == []
+    assert list(store_dir.iterdir()) == [live]
+    assert not stale.exists() and disk.bytes_used == 0 and disk.ls() == []
 
 
 def test_default_directory(store_dir, tmp_path, monkeypatch):
@@ -323,7 +362,7 @@ def test_unwritable_directory_is_a_store_error(tmp_path):
 
 def test_module_logs_and_never_prints(store_dir, capsys):
     disk = DiskStore(store_dir)
-    disk.put(key("a"), entry(PAYLOAD))
+    disk.put(key("a"), blob_entry(PAYLOAD))
     corrupt_garbage(disk.path_for(key("a")))
     disk.get(key("a"))
     assert capsys.readouterr() == ("", "")
@@ -348,9 +387,149 @@ def _old_scheme_file(directory: pathlib.Path, payload: bytes) -> pathlib.Path:
     return path
 
 
-def test_a_file_of_the_old_key_scheme_misses_and_is_cleaned_up(store_dir, caplog):
+def test_a_file_of_the_old_key_scheme_misses_and_only_verify_deletes_it(store_dir):
     old = _old_scheme_file(store_dir, b"\x01" * PAYLOAD)
-    with caplog.at_level(logging.WARNING):
-        disk = DiskStore(store_dir)  # no exception
-    assert disk.ls() == [] and not old.exists() and disk.get(key("intro")) is None
-    assert any("old_key_scheme" in r.getMessage() for r in warnings_of(caplog))
+    disk = DiskStore(store_dir)  # no exception
+    assert disk.ls() == [] and disk.get(key("intro")) is None and old.exists()
+    assert [(b.path, b.reason) for b in disk.unusable()] == [(old, "old_key_scheme")]
+    assert [(b.path, b.reason, b.deleted) for b in disk.verify(delete=True)] == [(old, "old_key_scheme", True)]
+    assert not old.exists()
+
+
+# --- opening and listing delete nothing; verify reports, and deletes only when asked ---------
+
+def damage_three_of_four(disk: DiskStore) -> dict[str, str]:
+    """Breaks a's header, empties b, renames c's valid file to x's name; returns {file name: reason}."""
+    for name in "abcd":
+        disk.put(key(name), blob_entry(PAYLOAD))
+    corrupt_version(disk.path_for(key("a")))
+    corrupt_empty(disk.path_for(key("b")))
+    os.replace(disk.path_for(key("c")), disk.path_for(key("x")))  # a valid entry under another entry's name
+    return {disk.path_for(key("a")).name: "version", disk.path_for(key("b")).name: "truncated",
+            disk.path_for(key("x")).name: "foreign_key"}
+
+
+def test_opening_and_listing_delete_nothing(store_dir, caplog):
+    expected = damage_three_of_four(DiskStore(store_dir))
+    before = files_in(store_dir)
+    caplog.set_level(logging.WARNING)
+    disk = DiskStore(store_dir)
+    assert [name_of(item.key) for item in disk.ls()] == ["d"]
+    assert files_in(store_dir) == before
+    assert warnings_of(caplog) == []  # nothing was deleted, so nothing claims it was
+    assert {bad.path.name: bad.reason for bad in disk.unusable()} == expected
+
+
+def test_verify_reports_every_bad_file_and_deletes_only_when_asked(store_dir):
+    expected = damage_three_of_four(DiskStore(store_dir))
+    before = files_in(store_dir)
+    disk = DiskStore(store_dir)
+    assert {(bad.path.name, bad.reason, bad.deleted) for bad in disk.verify()} == {
+        (name, reason, False) for name, reason in expected.items()}
+    assert files_in(store_dir) == before
+    assert {(bad.path.name, bad.deleted) for bad in disk.verify(delete=True)} == {(n, True) for n in expected}
+    assert files_in(store_dir) == [disk.path_for(key("d")).name]
+    assert disk.verify() == []
+
+
+def test_a_read_only_store_with_a_bad_file_still_opens_lists_and_verifies(store_dir, refuse_deletes, caplog):
+    disk = DiskStore(store_dir)
+    disk.put(key("a"), blob_entry(PAYLOAD))
+    disk.put(key("b"), blob_entry(PAYLOAD))
+    corrupt_version(disk.path_for(key("a")))
+    refuse_deletes()
+    caplog.set_level(logging.WARNING)
+    reopened = DiskStore(store_dir)
+    assert [name_of(item.key) for item in reopened.ls()] == ["b"]
+    (bad,) = reopened.verify(delete=True)
+    assert (bad.reason, bad.deleted) == ("version", False) and "not deleted: Permission denied" in bad.message
+    assert disk.path_for(key("a")).exists()
+    assert not any("deleted it" in r.getMessage() for r in warnings_of(caplog))
+
+
+def test_get_of_a_bad_file_it_cannot_delete_warns_once_and_says_so(store_dir, refuse_deletes, caplog):
+    disk = DiskStore(store_dir)
+    disk.put(key("a"), blob_entry(PAYLOAD))
+    corrupt_flip_payload_byte(disk.path_for(key("a")))
+    refuse_deletes()
+    caplog.set_level(logging.WARNING)
+    assert disk.get(key("a")) is None and disk.get(key("a")) is None
+    (warning,) = warnings_of(caplog)
+    assert "could not delete it (Permission denied)" in warning.getMessage()
+    assert "deleted it" not in warning.getMessage().replace("could not delete it", "")
+    assert disk.path_for(key("a")).exists() and disk.bytes_used == 0
+
+
+# --- orphaned temp files: listed, counted, and deleted only when their writer is gone ---------
+
+def test_a_write_killed_mid_way_leaves_an_orphan_that_verify_lists_and_deletes(store_dir):
+    writer = textwrap.dedent("""
+        import os, sys, time
+        from pc_cpu.store.disk import DiskStore
+        from tests.store.conftest import blob_entry, key
+        os.fsync = lambda fd: (print("writing", flush=True), time.sleep(120))
+        DiskStore(sys.argv[1]).put(key("a"), blob_entry(1000))
+    """)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", writer, str(store_dir)], cwd=root, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"writing"
+        (temp,) = [p for p in store_dir.iterdir() if p.name.endswith(".tmp")]
+        assert DiskStore(store_dir).verify(delete=True) == []  # its writer is alive: a write in progress
+    finally:
+        child.kill()  # kill -9
+        child.wait()
+        child.stdout.close()
+    disk = DiskStore(store_dir)
+    assert disk.bytes_used == temp.stat().st_size  # counted against the budget from the open on
+    (bad,) = disk.verify()
+    assert (bad.path, bad.reason) == (temp, "orphan") and f"process {child.pid}, is gone" in bad.message
+    assert temp.exists()
+    assert [bad.deleted for bad in disk.verify(delete=True)] == [True]
+    assert not temp.exists() and disk.bytes_used == 0
+
+
+def test_orphans_are_told_from_live_writes(store_dir):
+    orphans = {temp_file(store_dir, "dead", pid=gone_pid()).name,
+               temp_file(store_dir, "old", pid=os.getpid(), age_s=2 * ORPHAN_AGE_S).name,  # pids are reused
+               temp_file(store_dir, "oldunnamed", age_s=2 * ORPHAN_AGE_S).name}
+    temp_file(store_dir, "live", pid=os.getpid())
+    temp_file(store_dir, "freshunnamed")  # no pid to ask, and young: may be a write in progress
+    assert {bad.path.name for bad in DiskStore(store_dir).verify()} == orphans
+
+
+def test_orphans_count_against_the_budget_and_go_before_any_entry(store_dir):
+    size = file_size(key("a"), blob_entry(PAYLOAD))
+    orphan = temp_file(store_dir, "x", pid=gone_pid(), nbytes=size)
+    disk = DiskStore(store_dir, budget_bytes=2 * size)
+    assert disk.bytes_used == size and orphan.exists()  # opening counts it, deletes nothing
+    assert disk.put(key("a"), blob_entry(PAYLOAD)) == []  # fits beside the orphan
+    assert disk.put(key("b"), blob_entry(PAYLOAD)) == []  # needs the orphan's room: it goes, no entry does
+    assert not orphan.exists() and disk.bytes_used == 2 * size
+    assert [name_of(k) for k in disk.keys()] == ["a", "b"]
+
+
+# --- entries whose checksums are right but whose cells are not what the header says -------------
+
+CRAFTED = [
+    pytest.param(dict(cells=(3, 4, 5, 5, 7, 8, 9)), "two cells at position 5", id="duplicate position"),
+    pytest.param(dict(cells=(3, 4, 5, 6, 7, 8, 10)), "position 10, outside the entry's positions [3, 10)",
+                 id="position past the end"),
+    pytest.param(dict(cells=(2, 3, 4, 5, 6, 7, 8)), "position 2, outside", id="position before the start"),
+    pytest.param(dict(cells=(3, 4, 5, 6, 7, 8)), "holds 6 cells, the header says 7 tokens", id="too few cells"),
+]
+
+
+@pytest.mark.parametrize("craft, why", CRAFTED)
+def test_an_entry_with_impossible_cells_is_a_miss_and_verify_names_it(store_dir, caplog, craft, why):
+    disk = DiskStore(store_dir)
+    disk.put(key("a"), blob_entry(PAYLOAD, **craft))  # sealed by the writer: every checksum is right
+    disk.put(key("b"), blob_entry(PAYLOAD))
+    (bad,) = DiskStore(store_dir).verify()
+    assert (bad.path, bad.reason) == (disk.path_for(key("a")), "cells") and why in bad.message
+    caplog.set_level(logging.WARNING)
+    assert disk.get(key("a")) is None  # a miss: the engine encodes it again
+    (warning,) = warnings_of(caplog)
+    assert why in warning.getMessage() and "re-encoded" in warning.getMessage()
+    assert not disk.path_for(key("a")).exists()
+    assert disk.get(key("b")) == blob_entry(PAYLOAD)

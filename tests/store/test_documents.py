@@ -1,0 +1,106 @@
+"""DocumentLibrary shared by processes: no lost names, a name never names two texts, orphans verified."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from pc_cpu.errors import DocumentError
+from pc_cpu.store import file_lock
+from pc_cpu.store.atomic import ORPHAN_AGE_S
+from pc_cpu.store.documents import DocumentLibrary
+
+ROUNDS = 25
+CONTEXT = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+
+
+def _name_one_text(directory, worker: int, barrier, results) -> None:
+    """One process: gives the shared text ROUNDS names of its own, from a view opened before anyone wrote."""
+    library = DocumentLibrary(directory)
+    barrier.wait()
+    for i in range(ROUNDS):
+        library.add("doc-shared", "the shared text", f"w{worker}-{i}")
+    results.put(worker)
+
+
+def _claim_names(directory, worker: int, barrier, results) -> None:
+    """One process: gives its own text each name notes-<round>, at the same moment as the other process."""
+    library = DocumentLibrary(directory)
+    for i in range(ROUNDS):
+        barrier.wait()
+        try:
+            library.add(f"doc-w{worker}", f"the text of worker {worker}", f"notes-{i}")
+            results.put((i, worker, "won"))
+        except DocumentError as exc:
+            results.put((i, worker, str(exc)))
+
+
+def run_two(target, directory) -> list:
+    """Runs target(directory, worker, barrier, results) in two processes at once; returns what they put."""
+    barrier, results = CONTEXT.Barrier(2), CONTEXT.Queue()
+    workers = [CONTEXT.Process(target=target, args=(directory, w, barrier, results)) for w in (0, 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0, f"worker exited with {worker.exitcode}"
+    found = []
+    while not results.empty():
+        found.append(results.get())
+    return found
+
+
+def test_names_given_to_one_text_at_once_by_two_processes_all_survive(tmp_path):
+    assert sorted(run_two(_name_one_text, tmp_path)) == [0, 1]
+    names = DocumentLibrary(tmp_path).resolve("doc-shared").names
+    assert sorted(names) == sorted(f"w{w}-{i}" for w in (0, 1) for i in range(ROUNDS))
+
+
+def test_a_name_claimed_by_two_processes_for_different_texts_goes_to_one(tmp_path):
+    outcomes = run_two(_claim_names, tmp_path)
+    library = DocumentLibrary(tmp_path)
+    for i in range(ROUNDS):
+        (winner,) = [w for r, w, what in outcomes if r == i and what == "won"]
+        (lost,) = [what for r, w, what in outcomes if r == i and what != "won"]
+        assert f"name 'notes-{i}' already names document doc-w{winner} with other text" in lost
+        assert library.resolve(f"notes-{i}").id == f"doc-w{winner}"
+        assert sum(f"notes-{i}" in doc.names for doc in library.all()) == 1
+
+
+def test_a_stale_view_checks_and_resolves_against_the_files(tmp_path):
+    first, second, third = (DocumentLibrary(tmp_path) for _ in range(3))  # as processes opened at once
+    second.add("doc-b", "text b", "notes")
+    with pytest.raises(DocumentError, match="'notes' already names document doc-b with other text"):
+        first.add("doc-a", "text a", "notes")  # its view never saw doc-b
+    assert third.resolve("notes").id == "doc-b"  # added since `third` read the library
+    second.remove("doc-b")
+    first.add("doc-a", "text a", "notes")  # the name is free again
+    assert DocumentLibrary(tmp_path).resolve("notes").id == "doc-a"
+
+
+def test_without_fcntl_the_library_still_works(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_lock, "fcntl", None)
+    library = DocumentLibrary(tmp_path)
+    library.add("doc-a", "text a", "a")
+    library.add("doc-a", "text a", "b")
+    assert DocumentLibrary(tmp_path).resolve("b").names == ["a", "b"]
+
+
+def test_verify_lists_orphans_and_unreadable_files_and_deletes_only_when_asked(tmp_path):
+    library = DocumentLibrary(tmp_path)
+    library.add("doc-a", "text a", "a")
+    broken = tmp_path / "doc-b.json"
+    broken.write_text("{not json")
+    old = tmp_path / "tmpk3x9q2zw.tmp"  # how an older pc_cpu named its temp files: no pid, so age tells
+    old.write_text("{}")
+    os.utime(old, (time.time() - 2 * ORPHAN_AGE_S,) * 2)
+    live = tmp_path / f".doc-c.{os.getpid()}.k3x9q2zw.tmp"  # this process is writing it
+    live.write_text("{}")
+    assert {(bad.path, bad.reason, bad.deleted) for bad in library.verify()} == {
+        (broken, "corrupt", False), (old, "orphan", False)}
+    assert broken.exists() and old.exists()
+    assert {(bad.path, bad.deleted) for bad in library.verify(delete=True)} == {(broken, True), (old, True)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".lock", live.name, "doc-a.json"])
