@@ -356,11 +356,12 @@ def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, schemas, m
     """
     try:
         from pc_cpu.server import serve as serve_app
-        from pc_cpu.server.guard import check_exposure
+        from pc_cpu.server.guard import check_api_key, check_exposure
     except ImportError as exc:
         raise PromptCacheError(f"the server needs FastAPI and uvicorn ({exc.name} is missing); "
                                "install them with: pip install 'pc_cpu[serve]'") from None
-    api_key = api_key or None  # an empty $PC_CPU_API_KEY means no key
+    # An empty $PC_CPU_API_KEY means no key; any other is stripped or refused now, before the model loads.
+    api_key = check_api_key(api_key) if api_key else None
     check_exposure(host, api_key, insecure=insecure)  # before the model loads: a refusal should be quick
     with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir) as pc:
         for schema in schemas:

@@ -26,6 +26,7 @@ from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import content_digest
 from pc_cpu.pml.recompute import RecomputePolicy, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
+from pc_cpu.pml.text import check_utf8
 from pc_cpu.pml.tokenizer import Tokenizer
 
 DOCUMENT_MODE = "document"  # the store's mode for document encodings (beside the schema modes)
@@ -33,8 +34,12 @@ SEPARATOR = "\n\n"  # ends every document, so that the next one (or the question
 
 
 def document_id(text: str) -> str:
-    """Returns the id of a document's text: the same text always gets the same id."""
-    return "doc-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    """Returns the id of a document's text: the same text always gets the same id.
+
+    The first use of a document's text (add_document, document_tokens, ask): where text UTF-8
+    cannot encode is refused (pc_cpu.pml.text.check_utf8).
+    """
+    return "doc-" + hashlib.sha256(check_utf8(text, "the document's text").encode("utf-8")).hexdigest()[:16]
 
 
 NO_TEXT = "no printable character, only whitespace, NUL or other control characters"  # what has_text refuses
@@ -53,10 +58,10 @@ def has_text(text: str) -> bool:
 
 
 def check_question(question: str) -> str:
-    """Returns `question` if it has text (has_text); raises PromptCacheError naming the fix."""
+    """Returns `question` if it has text (has_text) UTF-8 can encode; raises PromptCacheError naming the fix."""
     if not isinstance(question, str) or not has_text(question):
         raise PromptCacheError(f"the question is empty: {NO_TEXT}; ask something")
-    return question
+    return check_utf8(question, "the question")
 
 
 def document_tokens(text: str, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -69,7 +74,7 @@ def preamble_tokens(system: str | None, tokenizer: Tokenizer, markup: RoleMarkup
     tokens = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
     if system is not None:
         tokens += tokenizer.tokenize(markup.prefix["system"], special=True)
-        tokens += tokenizer.tokenize(system, special=False)
+        tokens += tokenizer.tokenize(check_utf8(system, "the system message"), special=False)
         tokens += tokenizer.tokenize(markup.suffix["system"], special=True)
     tokens += tokenizer.tokenize(markup.prefix["user"], special=True)
     return tuple(tokens)

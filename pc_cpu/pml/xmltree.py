@@ -15,6 +15,7 @@ import defusedxml.ElementTree as DET
 from defusedxml.common import DefusedXmlException
 
 from pc_cpu.errors import PMLSyntaxError
+from pc_cpu.pml.text import check_utf8
 
 MAX_DEPTH = 64
 MAX_ELEMENTS = 100_000
@@ -133,7 +134,8 @@ def parse_xml(source: str | bytes, *, what: str) -> Element:
         what: "schema" or "prompt", used in error messages.
 
     Raises:
-        PMLSyntaxError: the text is not well-formed XML, uses DTDs or entities, or is too large.
+        PMLSyntaxError: the text is not well-formed XML, uses DTDs or entities, is too large, or holds
+            a lone surrogate UTF-8 cannot encode.
     """
     if isinstance(source, bytes):
         try:
@@ -144,6 +146,7 @@ def parse_xml(source: str | bytes, *, what: str) -> Element:
         raise PMLSyntaxError(f"{what} must be a string of PML, got {type(source).__name__}")
     if not source.strip():
         raise PMLSyntaxError(f"{what} is empty; expected a <{what}> element")
+    check_utf8(source, f"the {what}", error=PMLSyntaxError)  # expat encodes the text to UTF-8 first
     builder = _Builder()
     try:
         parser = DET.DefusedXMLParser(target=builder, forbid_dtd=True, forbid_entities=True,

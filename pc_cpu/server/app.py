@@ -6,11 +6,14 @@ POST|GET /v1/documents, DELETE /v1/documents/{id or name}, GET /v1/models, GET /
 `stream: true` answers with server-sent events (`data: {chunk}`, then `data: [DONE]`).
 
 Errors are JSON `{"error": {"message", "type"}}`: a PromptCacheError is 400 with its class name as
-type (ContextOverflowError included); a body that does not validate is 422; an unknown schema
-name in DELETE is 404, and so is an unknown document anywhere (UnknownDocumentError); a
-missing or wrong API key is 401, a body over the limit 413, and a new
-schema beyond `max_schemas` 409 (pc_cpu.server.guard). The PromptCache is called only from worker threads (see feed.py), never on
-the event loop; the app owns those threads and cancels them when it shuts down.
+type (ContextOverflowError included); a body that does not validate is 422 (text UTF-8 cannot
+encode and sampling options out of range included); an unknown schema name in DELETE is 404, and
+so is an unknown document anywhere (UnknownDocumentError); a missing or wrong API key is 401, a
+body over the limit 413, and a new schema beyond `max_schemas` 409 (pc_cpu.server.guard). A store
+that cannot be written is 507 and anything unexpected 500, with a request id and no detail: the
+server log has it (pc_cpu.server.http_errors, which also keeps filesystem paths out of messages).
+The PromptCache is called only from worker threads (see feed.py), never on the event loop; the app
+owns those threads and cancels them when it shuts down.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pc_cpu.errors import PromptCacheError, UnknownDocumentError, UnknownSchemaError
+from pc_cpu.errors import PromptCacheError, UnknownSchemaError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.schema import parse_schema
 from pc_cpu.server import openai_api as api
 from pc_cpu.server.chat import messages_to_pml
 from pc_cpu.server.feed import Done, Failed, Feed, Piece
-from pc_cpu.server.guard import BearerAuth, BodyLimit
+from pc_cpu.server.guard import BearerAuth, BodyLimit, check_api_key
+from pc_cpu.server.http_errors import http_error
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +55,16 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
 
     Args:
         cache: a PromptCache; its schemas already loaded are served as they are.
-        api_key: when given, every route but /health needs `Authorization: Bearer <api_key>`.
+        api_key: when given, every route but /health needs `Authorization: Bearer <api_key>`; spaces
+            around it are stripped (pc_cpu.server.guard.check_api_key).
         max_body_bytes: larger request bodies are refused (413).
         max_schemas: schemas the server holds at most; POST /v1/schemas of another is refused (409).
+
+    Raises:
+        ConfigError: an api_key no client could send (empty, or with whitespace, control or non-ASCII characters).
     """
+    if api_key is not None:
+        api_key = check_api_key(api_key)  # here, not in BearerAuth: middleware is built on the first request
     executor = ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pc-cpu-stream")
     feeds: set[Feed] = set()
 
@@ -150,7 +160,7 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
 
     @app.delete("/v1/documents/{id_or_name:path}")  # :path: a name may hold a slash
     async def delete_document(id_or_name: str):
-        def remove():  # UnknownDocumentError: 404 (see _add_error_handlers)
+        def remove():  # UnknownDocumentError: 404 (pc_cpu.server.http_errors)
             doc = cache.library.resolve(id_or_name)
             cache.remove_document(doc.id)
             return doc
@@ -220,8 +230,7 @@ async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict
         if isinstance(event, Done):
             yield _data(chunk("", event.result))
         elif isinstance(event, Failed):
-            error = event.error
-            yield _data(api.error_json(str(error), type(error).__name__))
+            yield _data(http_error(event.error, _where(request)).json())
         else:
             return  # the client left: nobody to send [DONE] to
         yield "data: [DONE]\n\n"
@@ -250,14 +259,18 @@ def _schema_json(cache, name: str) -> dict:
             "scaffolds": list(layout.scaffolds)}
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(PromptCacheError)
-    async def prompt_cache_error(request: Request, exc: PromptCacheError):
-        return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=400)
+def _where(request: Request) -> str:
+    return f"{request.method} {request.url.path}"
 
-    @app.exception_handler(UnknownDocumentError)  # more specific than PromptCacheError: this one applies
-    async def unknown_document(request: Request, exc: UnknownDocumentError):
-        return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=404)
+
+def _add_error_handlers(app: FastAPI) -> None:
+    # PromptCacheError and OSError have handlers of their own although Exception's would do: Starlette
+    # re-raises what reaches the Exception handler, and uvicorn then logs it as a crash.
+    @app.exception_handler(PromptCacheError)
+    @app.exception_handler(OSError)
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        return http_error(exc, _where(request)).response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -266,11 +279,6 @@ def _add_error_handlers(app: FastAPI) -> None:
                             status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
+    async def http_exception(request: Request, exc: StarletteHTTPException):
         return JSONResponse(api.error_json(str(exc.detail), "HTTPException"), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
-        log.exception("internal error on %s", request.url.path)
-        return JSONResponse(api.error_json(f"internal error: {exc}", type(exc).__name__), status_code=500)

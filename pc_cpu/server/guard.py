@@ -1,5 +1,6 @@
 """Gives what keeps strangers and oversized requests out of the server: the API key, the body limit, the bind check.
 
+- `check_api_key`: the key as given, stripped; one no client could send in a header is refused.
 - `BearerAuth`: every path but /health needs `Authorization: Bearer KEY` (what OpenAI clients
   send); anything else is a 401 JSON error. Keys are compared in constant time.
 - `BodyLimit`: a request body over the limit is a 413 JSON error naming the limit and its flag,
@@ -17,11 +18,44 @@ import ipaddress
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.errors import ConfigError, PromptCacheError
 from pc_cpu.server.openai_api import error_json
 
 API_KEY_ENV = "PC_CPU_API_KEY"
 OPEN_PATHS = ("/health",)  # for load balancers and liveness probes: says nothing a stranger can use
+_KEY_FIX = ("use printable ASCII without spaces, e.g. the output of "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+
+
+def check_api_key(api_key: str) -> str:
+    """Returns the API key without the whitespace around it; raises ConfigError when no client could send it.
+
+    A header value loses its surrounding whitespace on the way (HTTP strips it), so a key kept
+    with a space or newline around it (`--api-key " k"`, a key file's last newline) would let
+    no one in. Inside the key, whitespace, control and non-ASCII characters cannot be sent
+    intact in a header either. The message never quotes the key: it may end up in a log.
+    """
+    key = api_key.strip()
+    if not key:
+        raise ConfigError(f"the API key (--api-key or ${API_KEY_ENV}) is empty; {_KEY_FIX}, or leave both unset "
+                          "to serve without a key")
+    for index, char in enumerate(key):
+        problem = _header_problem(char)
+        if problem:
+            raise ConfigError(f"the API key (--api-key or ${API_KEY_ENV}) has {problem} at character {index + 1}, "
+                              f"which clients cannot send in 'Authorization: Bearer KEY'; {_KEY_FIX}")
+    return key
+
+
+def _header_problem(char: str) -> str | None:
+    """Returns what keeps `char` out of a Bearer token, or None when it is printable ASCII."""
+    if char == " ":
+        return "a space"
+    if not char.isascii():
+        return "a non-ASCII character"
+    if not char.isprintable():
+        return "a tab or other control character"
+    return None
 
 
 def is_loopback(host: str) -> bool:
@@ -52,10 +86,9 @@ class BearerAuth:
     """ASGI middleware: refuses every request but those to OPEN_PATHS unless it carries the key."""
 
     def __init__(self, app: ASGIApp, api_key: str):
-        if not api_key:
-            raise PromptCacheError("the API key is empty; give a non-empty --api-key or leave it out")
+        """`api_key`: as check_api_key returns it (create_app checks it before the first request builds this)."""
         self.app = app
-        self._expected = api_key.encode("utf-8")
+        self._expected = api_key.encode("ascii")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._authorized(scope):

@@ -24,7 +24,9 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
+from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
 from pc_cpu.server.chat import Message
 from pc_cpu.store.documents import Document
@@ -32,7 +34,41 @@ from pc_cpu.store.documents import Document
 DEFAULT_MAX_TOKENS = 256
 
 
-class SamplingRequest(BaseModel):
+class RequestBody(BaseModel):
+    """Base of every request body: a string UTF-8 cannot encode anywhere in it is a 422 naming where."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data):
+        # Before the fields: a lone surrogate in an ignored field or a key is refused too, so no
+        # message (a PML error quoting the text, say) can echo one into a response UTF-8 cannot encode.
+        try:
+            _check_json_text(data)
+        except PromptCacheError as exc:
+            raise ValueError(str(exc)) from None
+        return data
+
+
+def _check_json_text(body) -> None:
+    """Raises PromptCacheError naming the first string of a parsed JSON body (keys too) that UTF-8 cannot encode.
+
+    Fields are named as a client writes them: `messages[0].content[1].text`. A loop, not recursion:
+    the body limit allows nesting deeper than Python's recursion limit.
+    """
+    pending = [("", body)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, str):
+            check_utf8(value, where or "the body")
+        elif isinstance(value, dict):
+            for key in value:
+                check_utf8(key, f"a key of {where or 'the body'}")
+            pending += reversed([(f"{where}.{key}" if where else key, item) for key, item in value.items()])
+        elif isinstance(value, list):
+            pending += reversed([(f"{where}[{index}]", item) for index, item in enumerate(value)])
+
+
+class SamplingRequest(RequestBody):
     """The fields both endpoints share."""
 
     # allow_inf_nan=False: a NaN or infinite temperature/top_p (Python's json reads `NaN`, `Infinity`)
@@ -50,6 +86,16 @@ class SamplingRequest(BaseModel):
     n: int = 1
     use_cache: bool = True
     recompute: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _sampling_in_range(self) -> "SamplingRequest":
+        # The library's ranges, checked while the body is validated: a 422 like any other bad field.
+        try:
+            SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                           seed=self.seed or 0).validate()
+        except PromptCacheError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
     def options(self) -> dict:
         """Returns the keyword arguments of PromptCache.stream for this request."""
@@ -133,11 +179,11 @@ class ChatRequest(SamplingRequest):
         return messages[-1].text.strip(), "\n\n".join(system) if system else None
 
 
-class SchemaRequest(BaseModel):
+class SchemaRequest(RequestBody):
     pml: str
 
 
-class DocumentRequest(BaseModel):
+class DocumentRequest(RequestBody):
     text: str
     name: Optional[str] = Field(None, min_length=1)  # an alias of the id; DELETE and `documents` accept it
     system: Optional[str] = None  # encode for this system message now (asking with another encodes on first use)

@@ -39,6 +39,11 @@ TRIP = """<schema name="trip">
 </schema>"""
 
 
+def utf8_refusal(what: str, at: int, code: str = "DC80") -> str:
+    """Returns the regex of pc_cpu.pml.text.check_utf8's message for a lone surrogate U+`code` at character `at`."""
+    return rf"^invalid Unicode: a lone surrogate \(U\+{code}\) at character {at} of {what}; send UTF-8 text$"
+
+
 def words(tokenizer: WordTokenizer, ids) -> list[str]:
     """Returns the words of `ids`; BOS is "<bos>" and a param placeholder "<ph>"."""
     special = {1: "<bos>", 0: "<ph>"}

@@ -126,9 +126,21 @@ def test_bad_pml_is_400_with_the_library_message(client, stream):
     assert error["type"] == "PromptError" and "no module 'nope'" in error["message"]
 
 
-def test_bad_sampling_option_is_400(client):
-    error = _error(client.post("/v1/completions", json={"prompt": DOC_PROMPT, "temperature": -1}), 400)
-    assert "temperature" in error["message"]
+@pytest.mark.parametrize("url", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("option, fragment", [
+    ({"temperature": -1}, "temperature=-1.0: must be a finite number >= 0"),
+    ({"temperature": 1e39}, "temperature=1e+39: must be a finite number >= 0"),
+    ({"top_k": 4294967297}, "top_k=4294967297: must be an integer in 0..2147483647"),  # was silently top_k=1
+    ({"top_k": -1}, "top_k=-1: must be an integer in 0..2147483647"),
+    ({"seed": -1}, "seed=-1: must be an integer in 0..4294967294"),
+    ({"seed": 2**40}, "seed=1099511627776: must be an integer in 0..4294967294"),
+    ({"top_p": 0}, "top_p=0.0: must be a number in (0, 1]"),
+    ({"max_tokens": 0}, "body.max_tokens: Input should be greater than or equal to 1"),
+])
+def test_a_sampling_option_out_of_range_is_422_naming_it_and_its_range(client, url, option, fragment):
+    body = {"prompt": DOC_PROMPT, "schema": "c", "messages": [{"role": "user", "content": "hi"}], **option}
+    error = _error(client.post(url, json=body), 422)
+    assert error["type"] == "RequestValidationError" and fragment in error["message"]
 
 
 @pytest.mark.parametrize("url, field, value", [

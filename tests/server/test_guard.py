@@ -8,8 +8,9 @@ import socket
 import httpx
 import pytest
 
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.errors import ConfigError, PromptCacheError
 from pc_cpu.server import ServerThread
+from pc_cpu.server.app import create_app
 from pc_cpu.server.guard import check_exposure, is_loopback
 from tests.server.conftest import DOC_PROMPT, DOC_SCHEMA
 
@@ -112,3 +113,28 @@ def test_serving_beyond_loopback_needs_a_key_or_insecure(host, server_cache):
 def test_loopback_needs_no_key(host):
     assert is_loopback(host)
     check_exposure(host, None)
+
+
+@pytest.mark.parametrize("given", [f" {KEY}", f"{KEY}  ", f"\t{KEY}\n"])
+def test_spaces_around_the_key_are_stripped_so_clients_get_in(server_cache, given):
+    # A header value loses its surrounding spaces on the way: a key kept with them would match no request.
+    with ServerThread(server_cache, api_key=given) as server:
+        allowed = httpx.get(server.base_url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert allowed.status_code == 200, allowed.text
+        assert httpx.get(server.base_url + "/v1/models", headers={"Authorization": "Bearer x"}).status_code == 401
+
+
+@pytest.mark.parametrize("given, problem", [
+    ("", "is empty"),
+    ("  \t ", "is empty"),
+    ("sekrit key", "a space at character 7"),
+    ("sekrit\tkey", "a tab or other control character at character 7"),
+    ("key\x00", "a tab or other control character at character 4"),
+    ("kéy", "a non-ASCII character at character 2"),
+])
+def test_a_key_no_client_could_send_is_refused_at_start_without_echoing_it(server_cache, given, problem):
+    with pytest.raises(ConfigError) as refused:
+        create_app(server_cache, api_key=given)
+    message = str(refused.value)
+    assert message.startswith("the API key (--api-key or $PC_CPU_API_KEY) ") and problem in message
+    assert "secrets.token_urlsafe" in message and (given.strip() not in message or not given.strip())

@@ -54,6 +54,15 @@ def test_serve_refuses_a_non_loopback_host_without_a_key(host, capsys, monkeypat
     assert "model file" in capsys.readouterr().err
 
 
+def test_serve_refuses_an_api_key_no_client_could_send_before_loading_the_model(capsys, monkeypatch):
+    monkeypatch.setenv("PC_CPU_API_KEY", "sekrit key")
+    with pytest.raises(SystemExit) as exit_info:  # this model does not exist: the key is refused first
+        main(["serve", "--model", "/nonexistent/model.gguf"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: the API key (--api-key or $PC_CPU_API_KEY) has a space") and "sekrit" not in err
+
+
 def test_serve_limit_defaults_are_the_servers():
     from pc_cpu.server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCHEMAS
 
@@ -65,7 +74,7 @@ def test_serve_answers_over_http_and_stops_on_ctrl_c(tiny_model_path, tmp_path):
     schema = tmp_path / "s.pml"
     schema.write_text(DOC_SCHEMA)
     port = _free_port()
-    env = {**os.environ, "PC_CPU_API_KEY": "from-the-environment"}
+    env = {**os.environ, "PC_CPU_API_KEY": " from-the-environment "}  # spaces around it are stripped
     process = subprocess.Popen([sys.executable, "-m", "pc_cpu.cli", "serve", "--port", str(port), "--schema",
                                 str(schema), "--model", str(tiny_model_path), "--threads", "2", "--n-ctx", "512",
                                 "--store", str(tmp_path / "store")],
