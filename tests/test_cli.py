@@ -256,7 +256,7 @@ def test_models_lists_every_named_model_with_its_install_state(capsys):
     code, out, _ = run_main(["models"], capsys)
     for row, line in zip(rows, out.splitlines()):
         assert line.startswith(row["name"])
-        assert ("not installed: pip install \".[%s]\"" % row["name"] in line) != row["installed"]
+        assert ("not installed: pip install \".[%s]\"" % row["extra"] in line) != row["installed"]
 
 
 def test_an_unknown_model_name_is_one_line_naming_the_known_ones(schema_file, capsys):
