@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
@@ -148,15 +149,16 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         return {"object": "list", "data": await run_in_threadpool(listing)}
 
     @app.post("/v1/documents")
-    async def add_document(body: api.DocumentRequest):
+    async def add_document(body: api.DocumentRequest, request: Request):
         # Stripped, as chat's system messages are (ChatRequest.question): the same text, the same preamble.
         system = (body.system or "").strip() or None
+        cancel = threading.Event()
 
         def add():  # encodes the document unless a tier holds it already: slow
-            doc_id = cache.add_document(body.text, name=body.name, system=system)
+            doc_id = cache.add_document(body.text, name=body.name, system=system, cancel=cancel)
             return document_json(cache.library.resolve(doc_id))
 
-        return await run_in_threadpool(add)
+        return await until_disconnected(request, add, cancel)
 
     @app.delete("/v1/documents/{id_or_name:path}")  # :path: a name may hold a slash
     async def delete_document(id_or_name: str):
@@ -236,6 +238,20 @@ async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict
         yield "data: [DONE]\n\n"
     finally:
         feed.cancel()
+
+
+async def until_disconnected(request: Request, work: Callable[[], object], cancel: threading.Event):
+    """Returns what `work` returns, run in a worker thread; sets `cancel` if the client leaves meanwhile.
+
+    An add that nobody waits for any more stops after its current batch (PromptCache.add_document),
+    so a client that gives up does not leave minutes of encoding behind it.
+    """
+    task = asyncio.ensure_future(run_in_threadpool(work))
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and not cancel.is_set() and await request.is_disconnected():
+            cancel.set()
+    return task.result()
 
 
 async def _next_event(feed: Feed, request: Request):

@@ -244,3 +244,34 @@ def test_a_document_over_the_body_limit_is_413(doc_cache):
         refused = httpx.post(server.base_url + "/v1/documents", json={"text": "word " * 1000}, timeout=30)
     assert refused.status_code == 413 and "--max-body-bytes" in refused.json()["error"]["message"]
     assert doc_cache.library.get(document_id("word " * 1000)) is None
+
+
+class FakeRequest:
+    """A request whose client is there for `polls` checks, then gone."""
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    async def is_disconnected(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+
+def test_an_add_whose_client_leaves_is_cancelled():
+    import asyncio
+    import threading
+
+    from pc_cpu.errors import AddCancelledError
+    from pc_cpu.server.app import until_disconnected
+
+    cancel = threading.Event()
+
+    def work():  # an add that would run for 30 s unless cancelled (PromptCache.add_document's contract)
+        if cancel.wait(timeout=30):
+            raise AddCancelledError("cancelled")
+        return "finished"
+
+    with pytest.raises(AddCancelledError):
+        asyncio.run(until_disconnected(FakeRequest(polls=1), work, cancel))
+    assert cancel.is_set()
+    assert asyncio.run(until_disconnected(FakeRequest(polls=10**6), lambda: "done", threading.Event())) == "done"
