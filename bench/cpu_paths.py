@@ -24,7 +24,7 @@ import json, sys, time
 from pc_cpu import PromptCache
 model, threads, n_prompt, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 words = " ".join(f"item {i} is on shelf {i % 17}." for i in range(n_prompt))
-with PromptCache(model, threads=threads, n_ctx=4096, store=False) as pc:
+with PromptCache(model, threads=threads or None, n_ctx=4096, store=False) as pc:
     tokens = pc.model.tokenize(words, special=False)[:n_prompt]
     text = pc.model.detokenize(tokens)
     schema = '<schema name="b"><module name="m">' + text.replace("&", "&amp;").replace("<", "&lt;") + '</module></schema>'
@@ -76,7 +76,8 @@ def main() -> None:
     if args.what in ("extra-buffers", "both"):
         settings += [("idle", cores, "on"), ("idle", cores, "off")]
     if args.what in ("threads", "both"):
-        settings += [(load, t, "auto") for load in ("idle", "busy") for t in sorted({1, cores})]
+        # 0: pc_cpu's default (every core for batches, half of them for one-token decodes)
+        settings += [(load, t, "auto") for load in ("idle", "busy") for t in sorted({1, cores}) + [0]]
     results: dict[tuple, list[dict]] = {s: [] for s in settings}
     for _ in range(args.repeats):
         for s in settings:
@@ -93,7 +94,7 @@ def main() -> None:
     for (load, threads, extra), runs in results.items():
         ttft = statistics.median(r["ttft_ms"] for r in runs)
         tps = statistics.median(r["decode_tps"] for r in runs if r["decode_tps"])
-        print(f"| {load} | {threads} | {extra} ({'on' if runs[0]['extra_buffers'] else 'off'}) | {ttft:.0f} "
+        print(f"| {load} | {threads or f'default ({cores} batch, {max(1, cores // 2)} decode)'} | {extra} ({'on' if runs[0]['extra_buffers'] else 'off'}) | {ttft:.0f} "
               f"| {tps:.1f} |")
     print(json.dumps({f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}))
 

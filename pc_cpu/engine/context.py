@@ -26,7 +26,7 @@ class ContextConfig:
     n_ctx: int = 8192  # positions per sequence; unified: KV cells shared by every sequence
     n_batch: int = 512  # tokens per llama_decode call; longer inputs are split
     n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
-    threads: int | None = None  # None: every core
+    threads: int | None = None  # None: every core for batches, half of them for one-token decodes
     flash_attn: bool | None = None  # None: llama.cpp decides
     swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
     # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).
@@ -37,11 +37,24 @@ class ContextConfig:
 
 
 def default_threads() -> int:
-    """Returns the number of cores this process may use."""
+    """Returns the number of cores this process may use: the threads of a batch (prefill, encoding)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
+
+
+def default_decode_threads() -> int:
+    """Returns the threads of a one-token decode: half the cores, at least one.
+
+    Decoding one token reads every weight once and is bound by memory bandwidth, not by cores:
+    on 2 cores, Qwen2.5-0.5B decoded 42 tokens/s with 1 thread and 39-44 with 2. But llama.cpp's
+    threads wait for each other at every op, so a core that another program takes stalls them
+    all: with one core busy elsewhere, 2 threads decoded 12.6 tokens/s and 1 thread 37.8
+    (bench/cpu_paths.py, docs/performance.md). A batch is bound by compute and gains from every
+    core (2 threads prefilled 512 tokens 1.55x faster), so batches keep default_threads().
+    """
+    return max(1, default_threads() // 2)
 
 
 class Context:
@@ -61,7 +74,7 @@ class Context:
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_batch
         params.n_seq_max = config.n_seq_max
-        params.n_threads = self.threads
+        params.n_threads = config.threads or default_decode_threads()
         params.n_threads_batch = self.threads
         params.kv_unified = config.kv_unified
         params.swa_full = config.swa_full

@@ -41,7 +41,9 @@ def test_a_full_disk_while_adding_a_document_is_507_without_the_path(client, mon
     request_id = REQUEST_ID.search(body["message"]).group(1)
     assert response.headers["x-request-id"] == request_id
     assert SECRET in _logged(caplog, request_id)  # the operator still finds what happened
-    assert client.get("/v1/documents").status_code == 200  # the server goes on
+    listing = client.get("/v1/documents")
+    assert listing.status_code == 200  # the server goes on
+    assert "disk was full" not in listing.text  # and the failed add left no document registered
 
 
 def test_an_unexpected_exception_is_a_generic_500_logged_with_its_id(client, server_cache, monkeypatch, caplog):
