@@ -38,7 +38,7 @@ from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, S
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import (AddCancelledError, ContextBeyondTrainingError, ContextOverflowError, DocumentError,
-                           PromptCacheError, UnknownDocumentError, UnknownSchemaError)
+                           PromptCacheError, UnknownSchemaError)
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_document_policy, check_question, document_id,
                                   document_tokens, has_text, layout_documents, preamble_tokens, tail_tokens,
@@ -54,7 +54,8 @@ from pc_cpu.pml.schema import Schema, parse_schema
 from pc_cpu.progress import ProgressCallback, ProgressTracker
 from pc_cpu.result import Result
 from pc_cpu.store.disk import DiskStore, default_store_dir
-from pc_cpu.store.documents import Document, DocumentLibrary, document_label
+from pc_cpu.store.documents import (DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, check_name,
+                                    document_label)
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
 from pc_cpu.store.state_blob import RopeParams
@@ -76,7 +77,7 @@ class PromptCache:
                  threads: int | None = None, n_seq_max: int = 64, parallel: int = 4, encoding: str = "preamble",
                  flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
                  ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, batch_invariant: bool = True,
-                 verbose: bool = False):
+                 max_documents: int = DEFAULT_MAX_DOCUMENTS, verbose: bool = False):
         """Loads the model and creates the context.
 
         Args:
@@ -97,9 +98,12 @@ class PromptCache:
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
                 answer is the one it gets alone; False decodes them in one batch, for more tokens per
                 second, and an answer can then change with the prompts beside it (pc_cpu.engine.scheduler).
+            max_documents: documents the library holds at most (pc_cpu.store.documents); adding a new
+                text beyond them is refused (DocumentLimitError).
             verbose: show llama.cpp's own log.
         """
         self.encoding = check_mode(encoding)
+        check_max_documents(max_documents)  # before the model loads: a mistake fails fast
         if not 1 <= parallel <= n_seq_max - 4:
             raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-4 ({n_seq_max - 4}); "
                                    "three sequences are the scratch, the pin and the hold, and at least one "
@@ -130,7 +134,8 @@ class PromptCache:
         self._resident = ResidentTier(list(range(parallel + 2, hold)))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
         disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
-        self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None)
+        self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None,
+                                       max_documents=max_documents)
         self._document_tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
         self._document_tokens_lock = threading.Lock()
         ropes = _cache_ropes(self.model)
@@ -340,9 +345,12 @@ class PromptCache:
         in the library only once its encoding is stored: a failed or cancelled add leaves nothing.
 
         Raises:
-            DocumentError: no printable text, text too long for the context, or a name already used for other text.
+            DocumentError: no printable text, text too long for the context, a name already used for other
+                text, or one that cannot name a document (pc_cpu.store.documents.check_name).
+            DocumentLimitError: a name too long, or one name or one document more than the library takes.
             AddCancelledError: `cancel` was set before the encoding finished.
         """
+        check_name(name)  # first: the messages below show it
         if not isinstance(text, str) or not has_text(text):
             raise DocumentError(f"document {name or '(unnamed)'} is empty: {NO_TEXT}; give it some text")
         self._documents.check_supported()
@@ -355,7 +363,7 @@ class PromptCache:
                 f"positions, {room} of them after the preamble and before one generated token; split the "
                 "document or raise n_ctx")
         doc_id = document_id(text)
-        self._check_name_free(doc_id, name)  # before the encoding: a refusal should not cost minutes
+        self.library.check_room(doc_id, name)  # before the encoding: a refusal should not cost minutes
         tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
 
         def between_batches(n: int) -> None:
@@ -370,18 +378,6 @@ class PromptCache:
         if tier == TIER_ENCODED:
             tracker.finished(doc_id)
         return doc_id
-
-    def _check_name_free(self, doc_id: str, name: str | None) -> None:
-        """Raises DocumentError when `name` already names another document (the library checks again on add)."""
-        if name is None:
-            return
-        try:
-            owner = self.library.resolve(name)
-        except UnknownDocumentError:
-            return
-        if owner.id != doc_id:
-            raise DocumentError(f"name {name!r} already names document {owner.id}, whose text differs; remove it "
-                                "first (remove_document / pc-cpu store rm) or choose another name")
 
     def remove_document(self, id_or_name: str) -> None:
         """Forgets a document and deletes its encodings from every tier; other documents are untouched.

@@ -18,6 +18,7 @@ from pc_cpu.pml.encoding import ENCODING_MODES
 from pc_cpu.pml.documents import NO_TEXT, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
+from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
 
 EXIT_USAGE = 2
 LONG_PREFILL_TOKENS = 512  # above one decode batch, the wait before the first token is long enough to explain
@@ -38,10 +39,11 @@ def _read_source(value: str, what: str) -> str:
         raise PromptCacheError(f"cannot read {what} file {value!r}: {exc}") from None
 
 
-def _open_cache(model, n_ctx, threads, encoding, verbose, store=None):
+def _open_cache(model, n_ctx, threads, encoding, verbose, store=None, **options):
     from pc_cpu.cache import PromptCache  # imported late: loading llama.cpp is not needed for --help
 
-    return PromptCache(model, n_ctx=n_ctx, threads=threads, encoding=encoding, verbose=verbose, store=store)
+    return PromptCache(model, n_ctx=n_ctx, threads=threads, encoding=encoding, verbose=verbose, store=store,
+                       **options)
 
 
 def _open_disk_store(store_dir):
@@ -190,8 +192,12 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
 
 
 def _read_document(value: str) -> str:
-    """Returns the text of a --doc file; raises PromptCacheError, naming the file, when it is missing or empty."""
+    """Returns the text of a --doc file; raises PromptCacheError, naming the file, when it is missing or empty.
+
+    Its file name names its document: one that cannot (a newline in it, say) is refused too.
+    """
     path = Path(value)
+    check_name(path.name)
     if not path.is_file():
         raise PromptCacheError(f"document file {value!r} does not exist" + (" (it is a directory)" if path.is_dir()
                                                                              else "") + "; check the --doc path")
@@ -341,6 +347,8 @@ def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> Non
               help="Larger request bodies are refused (413).")
 @click.option("--max-schemas", type=click.IntRange(1), default=32, show_default=True,
               help="Schemas the server holds at most; registering another is refused (409).")
+@click.option("--max-documents", type=click.IntRange(1), default=DEFAULT_MAX_DOCUMENTS, show_default=True,
+              help="Documents the library holds at most; adding a new one beyond them is refused (400).")
 @click.option("--schema", "schemas", multiple=True, help="Schema PML file to load at start (repeatable).")
 @model_option
 @ctx_option
@@ -348,8 +356,8 @@ def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> Non
 @store_option
 @encoding_option
 @verbose_option
-def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, schemas, model, n_ctx, threads, store_dir,
-          encoding, verbose):
+def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_documents, schemas, model, n_ctx, threads,
+          store_dir, encoding, verbose):
     """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas, /v1/documents.
 
     Example: PC_CPU_API_KEY=secret pc-cpu serve --schema demo.pml --port 8000
@@ -363,7 +371,7 @@ def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, schemas, m
     # An empty $PC_CPU_API_KEY means no key; any other is stripped or refused now, before the model loads.
     api_key = check_api_key(api_key) if api_key else None
     check_exposure(host, api_key, insecure=insecure)  # before the model loads: a refusal should be quick
-    with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir) as pc:
+    with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir, max_documents=max_documents) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar(quiet_s=0))
         click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)"

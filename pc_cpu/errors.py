@@ -136,6 +136,10 @@ class DocumentError(PromptCacheError):
     """A document cannot be added, found or used (pc_cpu.documents); the message names it and the fix."""
 
 
+class DocumentLimitError(DocumentError):
+    """Adding would break a limit of the document library: name length, names per document, documents."""
+
+
 class AddCancelledError(DocumentError):
     """Adding a document was cancelled (its caller went away) before its encoding was stored."""
 

@@ -407,6 +407,14 @@ def test_ask_refuses_a_document_without_text_and_an_empty_question(tiny_model_pa
     assert not store.exists() or run_main(["store", "ls", "--store", str(store), "--json"], capsys)[1] == ""
 
 
+def test_ask_refuses_a_file_name_that_cannot_name_a_document_before_loading_the_model(tmp_path, capsys):
+    doc = tmp_path / "boats\nnotes.txt"  # a newline in a file name: Linux allows it
+    doc.write_text("Boats float on the sea.")
+    # This model does not exist: the name is refused before it would load.
+    code, _, err = run_main(ask_args("/nonexistent/model.gguf", tmp_path / "store", str(doc)), capsys)
+    assert_one_error_line(code, err, "'boats\\nnotes.txt'", "control character U+000A", "choose a name")
+
+
 def test_ask_refuses_a_context_beyond_the_models_training_context(tiny_model_path, doc_files, tmp_path, capsys):
     code, _, err = run_main(ask_args(tiny_model_path, tmp_path / "store", *doc_files) + ["--n-ctx", "8192"], capsys)
     assert_one_error_line(code, err, "n_ctx=8,192 is more than the 4,096 positions", "--n-ctx 4096")

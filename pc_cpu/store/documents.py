@@ -12,19 +12,26 @@ encodings themselves live in the tiers like every other (pc_cpu.store.tiers),
 labelled `document_label(id)`.
 
 Without a store directory (store=False) the library lives in memory only.
+
+Limits, checked in `add` under the lock against the files as they are then: a name has at
+most MAX_NAME_CHARS characters and no control character, a document at most
+MAX_NAMES_PER_DOCUMENT names, a library at most `max_documents` documents. `check_room` runs
+the same checks without the lock, for a caller that wants a refusal before costly work.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from pc_cpu.errors import DocumentError, StoreError, UnknownDocumentError
+from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
+from pc_cpu.pml.text import check_utf8
 from pc_cpu.store.atomic import find_orphans, write_atomically
 from pc_cpu.store.disk import ORPHAN, BadFile, delete_bad_file
 from pc_cpu.store.file_lock import exclusive
@@ -34,10 +41,61 @@ log = logging.getLogger(__name__)
 _ID_PREFIX = "doc-"
 _LOCK_NAME = ".lock"  # in the library directory; held around every change
 
+# Every name of a document is in each listing of it (GET /v1/documents) and in its file, rewritten
+# whenever it gains one; without these bounds, 40 requests naming one text with 900 KB names made
+# each response 36 MB. 255 is the longest file name most file systems allow (NAME_MAX), so every
+# file name fits (pc-cpu ask names a document by its file's); 16 leaves room for a file name, a
+# title and a few keys, and the names of one document stay under 4,080 characters.
+MAX_NAME_CHARS = 255
+MAX_NAMES_PER_DOCUMENT = 16
+# Each add re-reads every document file under the lock (about 0.25 s for 10,000 small ones) and the
+# texts stay in memory, so a library without a bound slows every add and grows without end.
+DEFAULT_MAX_DOCUMENTS = 10_000
+# C0 and C1 controls (newline, tab, NUL, escape...) and the Unicode line and paragraph separators:
+# a name is shown on one line, in messages and listings.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SHOWN_CHARS = 40  # of a long name, in a message
+
 
 def document_label(doc_id: str) -> str:
     """Returns the store label of a document's encodings, how `store ls` names them and `remove` finds them."""
     return f"document {doc_id}"
+
+
+def check_name(name: str | None) -> None:
+    """Raises DocumentError when `name` cannot name a document (None, no name, always can).
+
+    Raises:
+        DocumentLimitError: longer than MAX_NAME_CHARS.
+        DocumentError: empty, a control character or a lone surrogate, or shaped like a document id.
+    """
+    if name is None:
+        return
+    if not name:
+        raise DocumentError("name '' is empty; choose a name with at least one character, or give none")
+    if len(name) > MAX_NAME_CHARS:
+        raise DocumentLimitError(f"name {_shown(name)} has {len(name):,} characters, more than {MAX_NAME_CHARS}; "
+                                 "choose a shorter name (any file name fits)")
+    control = _CONTROL.search(name)
+    if control is not None:
+        raise DocumentError(f"name {_shown(name)} holds the control character U+{ord(control.group()):04X} at "
+                            f"character {control.start() + 1}; choose a name on one line, without control characters")
+    check_utf8(name, "the name", error=DocumentError)
+    if name.startswith(_ID_PREFIX):
+        raise DocumentError(f"name {name!r} looks like a document id; choose a name not starting with "
+                            f"{_ID_PREFIX!r}")
+
+
+def check_max_documents(max_documents: int) -> int:
+    """Returns `max_documents` when a library can have that limit; raises ConfigError when it is below 1."""
+    if max_documents < 1:
+        raise ConfigError(f"max_documents={max_documents}: must be at least 1")
+    return max_documents
+
+
+def _shown(name: str) -> str:
+    """Returns how a message quotes `name`: its start only when it is long."""
+    return repr(name) if len(name) <= _SHOWN_CHARS else repr(name[:_SHOWN_CHARS]) + "\u2026"
 
 
 @dataclass
@@ -51,8 +109,19 @@ class Document:
 class DocumentLibrary:
     """Documents by id, and names as aliases of ids; persisted in `directory` when given."""
 
-    def __init__(self, directory: Path | None):
+    def __init__(self, directory: Path | None, *, max_documents: int = DEFAULT_MAX_DOCUMENTS):
+        """Opens the library in `directory` (None: in memory only).
+
+        Args:
+            max_documents: documents the library holds at most; adding a new text beyond them is
+                refused (documents already there beyond a lowered limit are kept).
+
+        Raises:
+            ConfigError: max_documents is below 1.
+            StoreError: the directory cannot be created or listed.
+        """
         self.directory = directory
+        self.max_documents = check_max_documents(max_documents)
         self._docs: dict[str, Document] = {}
         self._warned: set[Path] = set()  # unreadable files already logged: each re-read would repeat them
         if directory is not None:
@@ -132,22 +201,51 @@ class DocumentLibrary:
         another process's documents and names count (see the module docstring).
 
         Raises:
-            DocumentError: `name` already names a document with other text, in this process or another.
+            DocumentError: `name` cannot name a document (check_name), or already names a document
+                with other text, in this process or another.
+            DocumentLimitError: the document has MAX_NAMES_PER_DOCUMENT names and `name` is not one
+                of them, or it is new and the library holds max_documents.
             StoreError: the library directory cannot be locked or written.
         """
-        if name is not None and name.startswith(_ID_PREFIX):
-            raise DocumentError(f"name {name!r} looks like a document id; choose a name not starting with "
-                                f"{_ID_PREFIX!r}")
+        check_name(name)
         with self._changing():
+            self._check_room(doc_id, name)
             return self._add(doc_id, text, name)
 
-    def _add(self, doc_id: str, text: str, name: str | None) -> Document:
+    def check_room(self, doc_id: str, name: str | None) -> None:
+        """Raises the DocumentError `add(doc_id, text, name)` would raise now, writing nothing.
+
+        For a caller about to do costly work first (PromptCache.add_document encodes the text
+        before adding it). It takes no lock: `add` checks again, under the lock, and that check
+        is the one that counts when processes add at once.
+        """
+        check_name(name)
+        if self.directory is not None:
+            self._reload()  # another process may have added documents or names since
+        self._check_room(doc_id, name)
+
+    def _check_room(self, doc_id: str, name: str | None) -> None:
+        """Raises when `name` names another document, or adding it or `doc_id` would break a limit."""
+        doc = self._docs.get(doc_id)
         if name is not None:
             owner = next((d for d in self._docs.values() if name in d.names), None)
             if owner is not None and owner.id != doc_id:
                 raise DocumentError(
                     f"name {name!r} already names document {owner.id} with other text; remove that document "
                     "first (remove_document, DELETE /v1/documents/{id}) or choose another name")
+            if doc is not None and name not in doc.names and len(doc.names) >= MAX_NAMES_PER_DOCUMENT:
+                raise DocumentLimitError(
+                    f"document {doc_id} already has {len(doc.names)} names, the most a document takes "
+                    f"({MAX_NAMES_PER_DOCUMENT}); reuse one of them (such as {doc.names[0]!r}), or remove the "
+                    "document (remove_document, DELETE /v1/documents/{id}) and add it again under the names "
+                    "you need")
+        if doc is None and len(self._docs) >= self.max_documents:
+            raise DocumentLimitError(
+                f"the document library holds {len(self._docs):,} documents, its limit "
+                f"(max_documents={self.max_documents}); remove one first (remove_document, "
+                "DELETE /v1/documents/{id}, pc-cpu store rm) or raise max_documents (pc-cpu serve --max-documents)")
+
+    def _add(self, doc_id: str, text: str, name: str | None) -> Document:
         doc = self._docs.get(doc_id)
         if doc is None:
             doc = Document(doc_id, text, [], time.time())

@@ -463,3 +463,25 @@ def test_a_document_has_the_same_bytes_whichever_workspace_encoded_it(make_cache
     cache.store.remove(key)
     by_workspace, tier = cache._documents.document_blob(preamble, document_id(PARIS), tokens)
     assert tier == "encoded" and by_adder == by_workspace and state_blob.scan(by_adder).seq_id == 0
+
+
+@pytest.mark.tiny_only  # about the library's limits, not the model
+def test_names_and_documents_beyond_the_limits_are_refused_before_any_encoding(cache_with_store):
+    cache = cache_with_store(max_documents=2)
+    with pytest.raises(DocumentError, match="more than 255"):
+        cache.add_document(PARIS, name="p" * 900_000)
+    with pytest.raises(DocumentError, match=r"control character U\+000A"):
+        cache.add_document(PARIS, name="paris\n.txt")
+    assert cache.documents_encoded == 0 and cache.list_documents() == []
+    paris = cache.add_document(PARIS, name="alias-0")
+    for i in range(1, 16):
+        cache.add_document(PARIS, name=f"alias-{i}")
+    with pytest.raises(DocumentError, match="already has 16 names"):
+        cache.add_document(PARIS, name="alias-16")
+    cache.add_document(FUJI)
+    encoded = cache.documents_encoded
+    with pytest.raises(DocumentError, match=r"holds 2 documents, its limit \(max_documents=2\)"):
+        cache.add_document(NILE, name="nile")
+    assert cache.documents_encoded == encoded  # refused before its encoding
+    assert cache.add_document(PARIS) == paris  # an existing text is not a new document
+    assert [len(d.names) for d in cache.list_documents()] == [16, 0]

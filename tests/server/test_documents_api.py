@@ -96,11 +96,23 @@ def test_a_long_document_gets_a_short_preview(http, library):
     ({"text": "word " * 3000}, 400, "split the document or raise n_ctx"),
     ({"name": "no text"}, 422, "body.text"),
     ({"text": "Some text.", "name": ""}, 422, "body.name"),
+    ({"text": "Some text.", "name": "n" * 900_000}, 400, "900,000 characters, more than 255"),
+    ({"text": "Some text.", "name": "notes\nmore"}, 400, "control character U+000A"),
 ])
 def test_bad_documents_are_refused_with_the_library_message(http, library, body, status, fragment):
     error = _error(http.post("/v1/documents", json=body), status)
     assert fragment in error["message"]
     assert len(http.get("/v1/documents").json()["data"]) == 2  # nothing was added
+
+
+def test_names_are_bounded_so_a_listing_is_too(http, library):
+    boats, _ = library  # named boats.txt
+    for i in range(15):
+        assert http.post("/v1/documents", json={"text": BOATS, "name": f"alias-{i}"}).status_code == 200
+    error = _error(http.post("/v1/documents", json={"text": BOATS, "name": "one-too-many"}), 400)
+    assert f"document {boats} already has 16 names" in error["message"] and "reuse one" in error["message"]
+    row = http.get("/v1/documents").json()["data"][0]
+    assert len(row["names"]) == 16 and len(row["preview"]) <= 80
 
 
 @pytest.mark.parametrize("question", ["", "  ", "\x00\x07"])

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
 
 import pytest
 
-from pc_cpu.errors import DocumentError
+from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.store import file_lock
 from pc_cpu.store.atomic import ORPHAN_AGE_S
-from pc_cpu.store.documents import DocumentLibrary
+from pc_cpu.store.documents import MAX_NAMES_PER_DOCUMENT, DocumentLibrary
 
-ROUNDS = 25
+ROUNDS = MAX_NAMES_PER_DOCUMENT  # a text that wins every round of _claim_names then has every name it may have
 CONTEXT = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
 
 
 def _name_one_text(directory, worker: int, barrier, results) -> None:
-    """One process: gives the shared text ROUNDS names of its own, from a view opened before anyone wrote."""
+    """One process: gives the shared text ROUNDS/2 names of its own, from a view opened before anyone wrote."""
     library = DocumentLibrary(directory)
     barrier.wait()
-    for i in range(ROUNDS):
+    for i in range(ROUNDS // 2):  # two processes: ROUNDS names, as many as a document takes
         library.add("doc-shared", "the shared text", f"w{worker}-{i}")
     results.put(worker)
 
@@ -56,7 +57,7 @@ def run_two(target, directory) -> list:
 def test_names_given_to_one_text_at_once_by_two_processes_all_survive(tmp_path):
     assert sorted(run_two(_name_one_text, tmp_path)) == [0, 1]
     names = DocumentLibrary(tmp_path).resolve("doc-shared").names
-    assert sorted(names) == sorted(f"w{w}-{i}" for w in (0, 1) for i in range(ROUNDS))
+    assert sorted(names) == sorted(f"w{w}-{i}" for w in (0, 1) for i in range(ROUNDS // 2))
 
 
 def test_a_name_claimed_by_two_processes_for_different_texts_goes_to_one(tmp_path):
@@ -104,3 +105,77 @@ def test_verify_lists_orphans_and_unreadable_files_and_deletes_only_when_asked(t
     assert broken.exists() and old.exists()
     assert {(bad.path, bad.deleted) for bad in library.verify(delete=True)} == {(broken, True), (old, True)}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".lock", live.name, "doc-a.json"])
+
+
+# --- limits: what one client can make the library hold (and every listing return) ---
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("n" * 900_000, "900,000 characters, more than 255"),
+    ("notes\nmore", "control character U+000A at character 6"),
+    ("tab\there", "control character U+0009"),
+    ("nul\x00", "control character U+0000"),
+    ("line\u2028break", "control character U+2028"),
+    ("", "is empty"),
+], ids=["900KB", "newline", "tab", "nul", "line-separator", "empty"])
+def test_a_name_too_long_or_with_a_control_character_is_refused_and_nothing_written(tmp_path, name, fragment):
+    library = DocumentLibrary(tmp_path)
+    with pytest.raises(DocumentError, match=re.escape(fragment)) as refused:
+        library.add("doc-a", "text a", name)
+    assert len(str(refused.value)) < 400  # the message shows the start of a long name, not all of it
+    assert "choose a" in str(refused.value)
+    with pytest.raises(DocumentError, match=re.escape(fragment)):
+        library.check_room("doc-a", name)  # the pre-check a caller runs before encoding refuses it too
+    assert len(DocumentLibrary(tmp_path)) == 0 and not list(tmp_path.glob("doc-*"))
+
+
+def test_a_name_of_255_characters_is_taken(tmp_path):
+    library = DocumentLibrary(tmp_path)
+    library.add("doc-a", "text a", "é" * 255)
+    assert DocumentLibrary(tmp_path).resolve("é" * 255).id == "doc-a"
+
+
+def test_a_document_takes_16_names_and_refuses_a_17th_naming_the_fix(tmp_path):
+    library = DocumentLibrary(tmp_path)
+    for i in range(16):
+        library.add("doc-a", "text a", f"alias-{i}")
+    with pytest.raises(DocumentError, match=r"document doc-a already has 16 names.*reuse one of them.*remove the "
+                                            r"document"):
+        library.add("doc-a", "text a", "alias-16")
+    with pytest.raises(DocumentError, match="already has 16 names"):
+        library.check_room("doc-a", "alias-16")
+    library.add("doc-a", "text a", "alias-3")  # a name it has: nothing new
+    library.add("doc-a", "text a", None)
+    assert DocumentLibrary(tmp_path).resolve("doc-a").names == [f"alias-{i}" for i in range(16)]
+
+
+def test_a_library_refuses_a_new_document_beyond_max_documents_even_from_a_stale_view(tmp_path):
+    stale = DocumentLibrary(tmp_path, max_documents=2)  # as a process that opened the library before the others
+    library = DocumentLibrary(tmp_path, max_documents=2)
+    library.add("doc-a", "text a", "a")
+    library.add("doc-b", "text b", None)
+    with pytest.raises(DocumentError, match="max_documents=2"):
+        stale.check_room("doc-c", None)  # the pre-check re-reads the files too
+    for view in (library, stale):
+        with pytest.raises(DocumentError, match=r"holds 2 documents, its limit \(max_documents=2\); remove one.*"
+                                                "raise max_documents"):
+            view.add("doc-c", "text c", "c")
+    stale.add("doc-a", "text a", "a2")  # an existing text takes another name: not a new document
+    assert DocumentLibrary(tmp_path).resolve("a2").id == "doc-a"
+    library.remove("doc-b")
+    stale.add("doc-c", "text c", "c")  # room again
+    assert sorted(d.id for d in DocumentLibrary(tmp_path).all()) == ["doc-a", "doc-c"]
+
+
+def test_max_documents_must_be_positive(tmp_path):
+    with pytest.raises(PromptCacheError, match="max_documents=0: must be at least 1"):
+        DocumentLibrary(tmp_path, max_documents=0)
+
+
+def test_the_limits_hold_in_memory_too():
+    library = DocumentLibrary(None, max_documents=1)
+    library.add("doc-a", "text a", "a")
+    with pytest.raises(DocumentError, match="max_documents=1"):
+        library.add("doc-b", "text b", None)
+    with pytest.raises(DocumentError, match="more than 255"):
+        library.add("doc-a", "text a", "x" * 256)
