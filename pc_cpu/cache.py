@@ -86,7 +86,9 @@ class PromptCache:
             n_ctx: KV cells of the library (resident modules), and positions of one prompt: each of the
                 `parallel` prompt slots has a stream of n_ctx cells of its own. None: the model's training
                 context, at most 8192. More than the training context is refused (ContextBeyondTrainingError).
-            threads: CPU threads; None uses every core.
+            threads: CPU threads for every computation; None: every core for prompts and encodings
+                (batches), half of them for generating one token at a time (memory-bound; fewer threads
+                stall less when other programs share the cores; pc_cpu.engine.context).
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
                 modules (union members each need their own library sequence).
             parallel: prompts generating at once (their steps interleaved); more wait their turn.

@@ -58,7 +58,8 @@ encoding_option = click.option("--encoding", type=click.Choice(ENCODING_MODES), 
 model_option = click.option("--model", default=None, metavar="NAME|PATH",
                             help="A model name (see `pc-cpu models`) or a GGUF file (default: $PC_CPU_MODEL, "
                                  "else smollm2-135m).")
-threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None, help="CPU threads (default: all).")
+threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None,
+                              help="CPU threads (default: every core for prompts, half of them for generating).")
 ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=None,
                           help="KV cells for schemas and prompts (default: model's, at most 8192).")
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
