@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
 
     top = max(args.levels)
-    n_ctx = args.tokens * (top + 1) + 64 * top + 1024  # room for every private copy at the top level
+    n_ctx = args.tokens + args.gen + 256  # one prompt's positions: every prompt has a stream of its own
     modes = {"invariant": [True], "batched": [False], "both": [True, False]}[args.decode]
     caches = {}
     for invariant in modes:

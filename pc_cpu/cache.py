@@ -204,14 +204,15 @@ class PromptCache:
         tracker = ProgressTracker(layout.schema, {key: sum(len(run.tokens) for run in encoding_runs(
             layout, key, self.encoding)) for key in keys}, progress)
         # One encoding at a time: a schema larger than the context evicts its own earlier
-        # modules from the context; they stay in the byte tiers. Between two, running prompts
-        # take their turn (a decode step each), so a long schema does not stall them.
+        # modules from the context; they stay in the byte tiers. After each, running prompts get
+        # the context for as long as it took (Scheduler.give_way), so a long schema does not stall them.
         for key in keys:
-            self._lock.yield_turn()
+            started = time.perf_counter()
             if self._schemas.get(layout.schema) is not loaded:
                 return  # unloaded or replaced meanwhile: its encodings are no longer wanted
             self.modules.ensure(layout, [key], on_computed=tracker.computed)
             tracker.finished(key)
+            self._scheduler.give_way(time.perf_counter() - started)
         if not keys and progress is not None:
             progress(tracker.last)  # nothing to encode: one event, already finished
 
@@ -342,8 +343,9 @@ class PromptCache:
                 tier already holds is not encoded, and reports nothing.
             cancel: set it (from another thread) to stop the encoding after the current batch.
 
-        The document is computed one batch at a time, and prompts that are running decode a
-        step between two batches: adding a long document does not stall them. It is registered
+        The document is computed one batch at a time, and after each batch prompts that are
+        running get the context for as long as it took (Scheduler.give_way): adding a long
+        document slows them down at most by half, and never stalls them for more than a batch. It is registered
         in the library only once its encoding is stored: a failed or cancelled add leaves nothing.
 
         Raises:
@@ -368,13 +370,17 @@ class PromptCache:
         self.library.check_room(doc_id, name)  # before the encoding: a refusal should not cost minutes
         tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
 
+        batch_started = [time.perf_counter()]
+
         def between_batches(n: int) -> None:
             tracker.computed(doc_id, n)
             if cancel is not None and cancel.is_set():
                 raise AddCancelledError(f"adding document {name or doc_id} was cancelled; nothing was registered")
-            self._lock.yield_turn()
+            self._scheduler.give_way(time.perf_counter() - batch_started[0])  # prompts get half the time or more
+            batch_started[0] = time.perf_counter()
 
         with self._adding, self._lock:
+            batch_started[0] = time.perf_counter()
             _, tier = self._adder.document_blob(preamble, doc_id, tokens, on_computed=between_batches)
             self.library.add(doc_id, text, name)
         if tier == TIER_ENCODED:

@@ -51,6 +51,8 @@ from pc_cpu.result import Result
 
 log = logging.getLogger(__name__)
 
+_GIVE_WAY_POLL_S = 0.002  # how long give_way leaves the lock at a time: a decode step asks for it within that
+
 
 class PromptWork(Protocol):
     """A prompt as the scheduler sees it: its size, how to build its stream, what its Result reports.
@@ -291,6 +293,19 @@ class Scheduler:
     def active(self) -> int:
         """Returns how many requests are generating now."""
         return len(self._active)
+
+    def give_way(self, seconds: float) -> None:
+        """Returns once the prompts running or waiting have had `seconds` of the context, or none is left.
+
+        For long work that holds the context lock and can stop between steps (encoding a document
+        batch by batch): giving way for as long as its last step took, it leaves running prompts at
+        least half of the time, where taking turns step for step gave them one token per batch.
+        Called holding the lock; returns holding it.
+        """
+        deadline = time.monotonic() + seconds
+        self._lock.yield_turn()  # whoever waits already goes first
+        while (self._active or self._pending) and time.monotonic() < deadline:
+            self._lock.pause(_GIVE_WAY_POLL_S)
 
     # --- the worker -------------------------------------------------------------
 

@@ -9,6 +9,7 @@ ends. With turns, a waiting thread gets the lock after at most one step.
 from __future__ import annotations
 
 import threading
+import time
 
 
 class FairLock:
@@ -43,6 +44,20 @@ class FairLock:
                 self._owner = None
                 self._serving += 1
                 self._cond.notify_all()
+
+    def pause(self, seconds: float) -> None:
+        """Returns holding the lock again after releasing it for `seconds` and letting in whoever came meanwhile.
+
+        A no-op when held more than once (an outer holder expects no interruption).
+        """
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("FairLock.pause by a thread that does not hold it")
+            if self._depth > 1:
+                return
+        self.release()
+        time.sleep(seconds)
+        self.acquire()
 
     def yield_turn(self) -> None:
         """Returns holding the lock again after every thread already waiting for it had its turn.

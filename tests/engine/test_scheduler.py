@@ -135,3 +135,25 @@ def test_a_prompt_runs_between_the_modules_of_a_schema_being_loaded(make_cache):
     cache.load_schema(f'<schema name="big">{many}</schema>', progress=on_progress)
     threads[0].join(timeout=60)
     assert "answered" in events and events.index("answered") < len(events) - 1, events
+
+
+@pytest.mark.tiny_only  # about scheduling, not the model
+def test_give_way_lets_running_prompts_finish_not_just_take_one_step(make_cache):
+    # Long work (adding a document) holds the lock and gives way between its batches; taking
+    # turns step for step gave a running prompt one token per batch (15.8 s for a 0.45 s answer).
+    cache = make_cache(parallel=2)
+    cache.load_schema(SCHEMA)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(cache.generate(prompt(QUESTIONS[0]), max_tokens=300)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not cache._scheduler.active and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with cache._lock:  # taken between two of its steps
+        assert cache._scheduler.active and not results
+        started = time.monotonic()
+        cache._scheduler.give_way(30.0)
+        waited = time.monotonic() - started
+        assert results and len(results[0].token_ids) == 300  # it ran to its end while we gave way
+    thread.join(timeout=30)
+    assert waited < 30
