@@ -27,7 +27,8 @@ words = " ".join(f"item {i} is on shelf {i % 17}." for i in range(n_prompt))
 with PromptCache(model, threads=threads or None, n_ctx=4096, store=False) as pc:
     tokens = pc.model.tokenize(words, special=False)[:n_prompt]
     text = pc.model.detokenize(tokens)
-    schema = '<schema name="b"><module name="m">' + text.replace("&", "&amp;").replace("<", "&lt;") + '</module></schema>'
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;")
+    schema = '<schema name="b"><module name="m">' + escaped + '</module></schema>'
     pc.load_schema(schema, encode=False)
     # A user turn, so that the model answers at length (a bare continuation may end at once).
     stream = pc.stream('<prompt schema="b"><m/><user>List every item on shelf 3, one per line.</user></prompt>',
@@ -94,8 +95,9 @@ def main() -> None:
     for (load, threads, extra), runs in results.items():
         ttft = statistics.median(r["ttft_ms"] for r in runs)
         tps = statistics.median(r["decode_tps"] for r in runs if r["decode_tps"])
-        print(f"| {load} | {threads or f'default ({cores} batch, {max(1, cores // 2)} decode)'} | {extra} ({'on' if runs[0]['extra_buffers'] else 'off'}) | {ttft:.0f} "
-              f"| {tps:.1f} |")
+        label = threads or f"default ({cores} batch, {max(1, cores // 2)} decode)"
+        used = "on" if runs[0]["extra_buffers"] else "off"
+        print(f"| {load} | {label} | {extra} ({used}) | {ttft:.0f} | {tps:.1f} |")
     print(json.dumps({f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}))
 
 
