@@ -143,9 +143,11 @@ class PromptCache:
         ropes = _cache_ropes(self.model)
         self._documents = DocumentEncoder(self.prompts, parallel, self.store, ropes)
         self._adder = DocumentEncoder(self.prompts, parallel + 1, self.store, ropes)  # add_document's own
-        self._adding = threading.Lock()  # one add_document at a time in the adder's stream
+        self._adding = threading.Lock()  # one add_document (or schema precompute) at a time in the adder's stream
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
+        # load_schema computes modules here, giving way to running prompts between batches (_precompute).
+        self._adder_workspace = None if workspace is None else Workspace(self.prompts, parallel + 1)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
                                    mode=self.encoding, workspace=workspace, hold=hold, rope=ropes)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
@@ -210,11 +212,35 @@ class PromptCache:
             started = time.perf_counter()
             if self._schemas.get(layout.schema) is not loaded:
                 return  # unloaded or replaced meanwhile: its encodings are no longer wanted
+            self._precompute(layout, key, tracker)
+            if self._schemas.get(layout.schema) is not loaded:
+                return  # unloaded or replaced while prompts ran in between
             self.modules.ensure(layout, [key], on_computed=tracker.computed)
             tracker.finished(key)
             self._scheduler.give_way(time.perf_counter() - started)
         if not keys and progress is not None:
             progress(tracker.last)  # nothing to encode: one event, already finished
+
+    def _precompute(self, layout: Layout, key: str, tracker: ProgressTracker) -> None:
+        """Computes encoding `key` into the store batch by batch, running prompts decoding in between.
+
+        In add_document's stream, when it is free (never waiting for it while holding the
+        context lock: an add holds the stream and waits for the lock). Otherwise, and for
+        encodings ModuleCache.precompute leaves to `ensure`, `ensure` computes it in one go.
+        """
+        if self._adder_workspace is None or self._lock.nested or not self._adding.acquire(blocking=False):
+            return
+        try:
+            batch_started = [time.perf_counter()]
+
+            def between_batches(n: int) -> None:
+                tracker.computed(key, n)
+                self._scheduler.give_way(time.perf_counter() - batch_started[0])
+                batch_started[0] = time.perf_counter()
+
+            self.modules.precompute(layout, key, self._adder_workspace, on_computed=between_batches)
+        finally:
+            self._adding.release()
 
     def unload_schema(self, name: str) -> None:
         """Drops a schema and frees its modules' cells."""

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import Workspace, encode_key, encode_key_at_home, pin_cells
+from pc_cpu.engine.encoder import Workspace, compute_in_workspace, encode_key, encode_key_at_home, pin_cells
 from pc_cpu.engine.relocate import relocate_blob, scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
-from pc_cpu.pml.encoding import (encoded_after, encode_cells, encoding_content, encoding_keys, encoding_runs,
-                                 home_shift)
+from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
+                                 encoding_runs, home_jobs, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.store import parts, state_blob
 from pc_cpu.store.entry import Entry
@@ -127,6 +127,31 @@ class ModuleCache:
         served = {key: self._ensure_one(layout, key, keep, on_computed) for key in ordered}
         self._make_room(reserve, keep)
         return served
+
+    def precompute(self, layout: Layout, key: str, workspace: Workspace,
+                   on_computed: Callable[[int], None] | None = None) -> bool:
+        """Computes encoding `key` at its home in `workspace` and stores it; returns False when it leaves it to `ensure`.
+
+        Touches nothing but `workspace` until the blobs are stored, so its caller may let other
+        work use the context between two batches (PromptCache._encode gives way to running
+        prompts); `ensure` then restores the encoding from the RAM tier. Left to `ensure`:
+        an encoding already resident or stored, a scaffold or chain link (computed against
+        cells in the library), and a model whose cells cannot be moved (computed in place).
+        """
+        if self.store is None or not self.at_home or key.startswith(SCAFFOLD_PREFIX):
+            return False
+        if self.resident.contains(self.resident_key_of(layout, key)):
+            return False
+        store_key = self.key_of(layout, key)
+        jobs = home_jobs(layout, key, self.mode)
+        if any(job.after is not None for job in jobs) or self._lookup(layout, key, store_key) is not None:
+            return False
+        blobs = [compute_in_workspace(self.ctx, job, workspace, on_computed=on_computed) for job in jobs]
+        self.encoded += 1
+        shift = self.shift_of(layout, key)
+        self._save_blobs(store_key, blobs, tuple(Run(r.start - shift, r.tokens) for r in encoding_runs(
+            layout, key, self.mode)))
+        return True
 
     def _ensure_one(self, layout: Layout, key: str, keep: set,
                     on_computed: Callable[[str, int], None] | None = None) -> str:

@@ -302,6 +302,8 @@ class Scheduler:
         least half of the time, where taking turns step for step gave them one token per batch.
         Called holding the lock; returns holding it.
         """
+        if self._lock.nested:
+            return  # an outer holder expects no interruption: pausing would only spin
         deadline = time.monotonic() + seconds
         self._lock.yield_turn()  # whoever waits already goes first
         while (self._active or self._pending) and time.monotonic() < deadline:

@@ -45,6 +45,12 @@ class FairLock:
                 self._serving += 1
                 self._cond.notify_all()
 
+    @property
+    def nested(self) -> bool:
+        """Returns whether the calling thread holds the lock more than once (then it cannot pause or yield)."""
+        with self._cond:
+            return self._owner == threading.get_ident() and self._depth > 1
+
     def pause(self, seconds: float) -> None:
         """Returns holding the lock again after releasing it for `seconds` and letting in whoever came meanwhile.
 

@@ -157,3 +157,30 @@ def test_give_way_lets_running_prompts_finish_not_just_take_one_step(make_cache)
         assert results and len(results[0].token_ids) == 300  # it ran to its end while we gave way
     thread.join(timeout=30)
     assert waited < 30
+
+
+@pytest.mark.tiny_only  # about scheduling, not the model
+def test_a_prompt_runs_between_the_batches_of_one_long_module_being_loaded(make_cache):
+    cache = make_cache(parallel=2, n_ctx=4096)
+    cache.load_schema(SCHEMA)
+    events, threads = [], []
+    long = " ".join(f"Ledger line {i}: {i % 13} crates of tea and {i % 7} of silk." for i in range(180))
+
+    def answer():
+        cache.generate(prompt(QUESTIONS[0]), max_tokens=3)
+        events.append("answered")
+
+    def on_progress(event):
+        if event.finished:
+            return
+        events.append(("tokens", event.tokens_done))
+        if not threads:  # a prompt arrives after the module's first batch, and waits for the lock
+            threads.append(threading.Thread(target=answer))
+            threads[0].start()
+            time.sleep(0.3)
+
+    cache.load_schema(f'<schema name="big"><module name="ledger">{long}</module></schema>', progress=on_progress)
+    threads[0].join(timeout=60)
+    batches = [e for e in events if e != "answered"]
+    assert len(batches) >= 3 and "answered" in events, events
+    assert events.index("answered") < len(events) - 1, events  # before the module's last batch
