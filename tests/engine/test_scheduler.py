@@ -112,28 +112,38 @@ def test_requests_wait_for_a_free_slot_and_then_run(make_cache):
     assert cache._scheduler.stats.max_batch == 2
 
 
-@pytest.mark.tiny_only  # about scheduling, not the model
-def test_a_prompt_runs_between_the_modules_of_a_schema_being_loaded(make_cache):
-    cache = make_cache(parallel=2)
-    cache.load_schema(SCHEMA)
+def events_while_loading(cache, schema_pml: str, counts) -> list:
+    """Returns what happened while `schema_pml` loaded: progress steps and, once, "answered".
+
+    After the first progress event that `counts` picks, a prompt arrives from another thread and
+    waits for the lock; "answered" lands among the steps when loading gives way to it, last when not.
+    """
     events, threads = [], []
-    many = "".join(f'<module name="m{i}">{DOC}</module>' for i in range(6))
 
     def answer():
         cache.generate(prompt(QUESTIONS[0]), max_tokens=3)
         events.append("answered")
 
     def on_progress(event):
-        if event.finished or event.modules_done == 0:
+        if event.finished or not counts(event):
             return
-        events.append(("module", event.modules_done))
-        if not threads:  # a prompt arrives after the first module, and waits for the lock
+        events.append((event.modules_done, event.tokens_done))
+        if not threads:
             threads.append(threading.Thread(target=answer))
             threads[0].start()
             time.sleep(0.3)
 
-    cache.load_schema(f'<schema name="big">{many}</schema>', progress=on_progress)
+    cache.load_schema(schema_pml, progress=on_progress)
     threads[0].join(timeout=60)
+    return events
+
+
+@pytest.mark.tiny_only  # about scheduling, not the model
+def test_a_prompt_runs_between_the_modules_of_a_schema_being_loaded(make_cache):
+    cache = make_cache(parallel=2)
+    cache.load_schema(SCHEMA)
+    many = "".join(f'<module name="m{i}">{DOC}</module>' for i in range(6))
+    events = events_while_loading(cache, f'<schema name="big">{many}</schema>', lambda e: e.modules_done > 0)
     assert "answered" in events and events.index("answered") < len(events) - 1, events
 
 
@@ -163,24 +173,9 @@ def test_give_way_lets_running_prompts_finish_not_just_take_one_step(make_cache)
 def test_a_prompt_runs_between_the_batches_of_one_long_module_being_loaded(make_cache):
     cache = make_cache(parallel=2, n_ctx=4096)
     cache.load_schema(SCHEMA)
-    events, threads = [], []
     long = " ".join(f"Ledger line {i}: {i % 13} crates of tea and {i % 7} of silk." for i in range(180))
-
-    def answer():
-        cache.generate(prompt(QUESTIONS[0]), max_tokens=3)
-        events.append("answered")
-
-    def on_progress(event):
-        if event.finished:
-            return
-        events.append(("tokens", event.tokens_done))
-        if not threads:  # a prompt arrives after the module's first batch, and waits for the lock
-            threads.append(threading.Thread(target=answer))
-            threads[0].start()
-            time.sleep(0.3)
-
-    cache.load_schema(f'<schema name="big"><module name="ledger">{long}</module></schema>', progress=on_progress)
-    threads[0].join(timeout=60)
+    events = events_while_loading(cache, f'<schema name="big"><module name="ledger">{long}</module></schema>',
+                                  lambda e: True)
     batches = [e for e in events if e != "answered"]
     assert len(batches) >= 3 and "answered" in events, events
     assert events.index("answered") < len(events) - 1, events  # before the module's last batch
