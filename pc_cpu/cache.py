@@ -37,8 +37,8 @@ from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import (AddCancelledError, ContextBeyondTrainingError, ContextOverflowError, DocumentError,
-                           PromptCacheError, UnknownSchemaError)
+from pc_cpu.errors import (AddCancelledError, CancelledError, ContextBeyondTrainingError, ContextOverflowError,
+                           DocumentError, PromptCacheError, UnknownSchemaError)
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_document_policy, check_question, document_id,
                                   document_tokens, has_text, layout_documents, preamble_tokens, tail_tokens,
@@ -173,7 +173,8 @@ class PromptCache:
 
     # --- schemas ------------------------------------------------------------
 
-    def load_schema(self, pml: str, *, encode: bool = True, progress: ProgressCallback | None = None) -> Schema:
+    def load_schema(self, pml: str, *, encode: bool = True, progress: ProgressCallback | None = None,
+                    cancel: threading.Event | None = None) -> Schema:
         """Returns the parsed schema after laying it out and (by default) encoding its modules.
 
         Loading a schema with a name already loaded replaces it (unchanged text is a no-op).
@@ -183,6 +184,11 @@ class PromptCache:
             encode: False only lays it out; prompts then encode the modules they import.
             progress: called with an EncodeProgress (pc_cpu.progress) after each batch of computed
                 tokens and each encoding done, in this thread; the last event has `finished` set.
+            cancel: set it (from another thread) to stop encoding after the current batch; the
+                schema is then unloaded (the encodings already stored stay in the tiers).
+
+        Raises:
+            CancelledError: `cancel` was set before every encoding was done.
         """
         schema = parse_schema(pml)
         with self._lock:
@@ -196,10 +202,16 @@ class PromptCache:
                 loaded = LoadedSchema(schema, layout)
                 self._schemas[schema.name] = loaded
             if encode:
-                self._encode(loaded, progress)
+                try:
+                    self._encode(loaded, progress, cancel)
+                except CancelledError:
+                    if self._schemas.get(schema.name) is loaded:
+                        self.unload_schema(schema.name)
+                    raise
         return loaded.schema
 
-    def _encode(self, loaded: LoadedSchema, progress: ProgressCallback | None) -> None:
+    def _encode(self, loaded: LoadedSchema, progress: ProgressCallback | None,
+                cancel: threading.Event | None = None) -> None:
         """Makes every encoding of a loaded schema resident (and stored), one at a time, reporting progress."""
         layout = loaded.layout
         keys = encoding_keys(layout, self.encoding)
@@ -210,9 +222,10 @@ class PromptCache:
         # the context for as long as it took (Scheduler.give_way), so a long schema does not stall them.
         for key in keys:
             started = time.perf_counter()
+            _check_cancel(cancel, f"loading schema {layout.schema!r}")
             if self._schemas.get(layout.schema) is not loaded:
                 return  # unloaded or replaced meanwhile: its encodings are no longer wanted
-            self._precompute(layout, key, tracker)
+            self._precompute(layout, key, tracker, cancel)
             if self._schemas.get(layout.schema) is not loaded:
                 return  # unloaded or replaced while prompts ran in between
             self.modules.ensure(layout, [key], on_computed=tracker.computed)
@@ -221,7 +234,8 @@ class PromptCache:
         if not keys and progress is not None:
             progress(tracker.last)  # nothing to encode: one event, already finished
 
-    def _precompute(self, layout: Layout, key: str, tracker: ProgressTracker) -> None:
+    def _precompute(self, layout: Layout, key: str, tracker: ProgressTracker,
+                    cancel: threading.Event | None = None) -> None:
         """Computes encoding `key` into the store batch by batch, running prompts decoding in between.
 
         In add_document's stream, when it is free (never waiting for it while holding the
@@ -235,6 +249,7 @@ class PromptCache:
 
             def between_batches(n: int) -> None:
                 tracker.computed(key, n)
+                _check_cancel(cancel, f"loading schema {layout.schema!r}")
                 self._scheduler.give_way(time.perf_counter() - batch_started[0])
                 batch_started[0] = time.perf_counter()
 
@@ -597,6 +612,12 @@ def _overflow_message(prompt: DocumentPrompt, names: list[str], n_ctx: int, trai
     return (f"a question over {docs} needs {prompt.end:,} positions with the system message and question "
             f"({prompt.end - total:,}), and one more to answer, but a prompt holds {n_ctx:,}; ask with fewer or "
             f"shorter documents, or {fix}")
+
+
+def _check_cancel(cancel: threading.Event | None, what: str) -> None:
+    """Raises CancelledError when `cancel` is set: its caller went away, so `what` stops here."""
+    if cancel is not None and cancel.is_set():
+        raise CancelledError(f"{what} was cancelled; its caller went away")
 
 
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:

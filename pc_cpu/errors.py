@@ -140,7 +140,11 @@ class DocumentLimitError(DocumentError):
     """Adding would break a limit of the document library: name length, names per document, documents."""
 
 
-class AddCancelledError(DocumentError):
+class CancelledError(PromptCacheError):
+    """Work was cancelled by its caller (who went away) before it finished; what it registers is left out."""
+
+
+class AddCancelledError(DocumentError, CancelledError):
     """Adding a document was cancelled (its caller went away) before its encoding was stored."""
 
 

@@ -110,7 +110,7 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         return {"object": "list", "data": [_schema_json(cache, name) for name in cache.schema_names]}
 
     @app.post("/v1/schemas", status_code=201)
-    async def add_schema(body: api.SchemaRequest):
+    async def add_schema(body: api.SchemaRequest, request: Request):
         async with adding_schema:
             name = parse_schema(body.pml).name
             if name not in cache.schema_names and len(cache.schema_names) >= max_schemas:
@@ -119,7 +119,9 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
                     "(DELETE /v1/schemas/{name}) or restart the server with a higher --max-schemas",
                     "LimitExceeded"), status_code=409)
             events = []  # a few per module: one per decode batch and one when it is done
-            schema = await run_in_threadpool(cache.load_schema, body.pml, progress=events.append)  # slow
+            cancel = threading.Event()  # set if the client leaves: the load stops after its current batch
+            schema = await until_disconnected(
+                request, lambda: cache.load_schema(body.pml, progress=events.append, cancel=cancel), cancel)
         log.info("loaded %s", events[-1].summary())  # load_schema always reports the finished state
         return _schema_json(cache, schema.name)
 

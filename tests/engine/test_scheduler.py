@@ -180,3 +180,23 @@ def test_a_prompt_runs_between_the_batches_of_one_long_module_being_loaded(make_
     batches = [e for e in events if e != "answered"]
     assert len(batches) >= 3 and "answered" in events, events
     assert events.index("answered") < len(events) - 1, events  # before the module's last batch
+
+
+@pytest.mark.tiny_only  # about cancelling, not the model
+def test_a_cancelled_schema_load_stops_after_a_batch_and_leaves_the_schema_unloaded(make_cache):
+    from pc_cpu.errors import CancelledError
+
+    cache = make_cache(parallel=2, n_ctx=4096)
+    long = " ".join(f"Ledger line {i}: {i % 13} crates of tea and {i % 7} of silk." for i in range(180))
+    pml = f'<schema name="big"><module name="ledger">{long}</module><module name="m">{DOC}</module></schema>'
+    cancel, seen = threading.Event(), []
+
+    def on_progress(event):
+        seen.append(event.tokens_done)
+        cancel.set()
+
+    with pytest.raises(CancelledError, match="loading schema 'big' was cancelled"):
+        cache.load_schema(pml, progress=on_progress, cancel=cancel)
+    assert len(seen) == 1 and "big" not in cache.schema_names
+    cache.load_schema(pml)  # the workspace was left clean
+    assert cache.generate('<prompt schema="big"><ledger/> How many crates?</prompt>', max_tokens=2).token_ids
