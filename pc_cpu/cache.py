@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context, ContextConfig
@@ -222,7 +222,7 @@ class PromptCache:
         # the context for as long as it took (Scheduler.give_way), so a long schema does not stall them.
         for key in keys:
             started = time.perf_counter()
-            _check_cancel(cancel, f"loading schema {layout.schema!r}")
+            _check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
             if self._schemas.get(layout.schema) is not loaded:
                 return  # unloaded or replaced meanwhile: its encodings are no longer wanted
             self._precompute(layout, key, tracker, cancel)
@@ -245,17 +245,24 @@ class PromptCache:
         if self._adder_workspace is None or self._lock.nested or not self._adding.acquire(blocking=False):
             return
         try:
-            batch_started = [time.perf_counter()]
-
-            def between_batches(n: int) -> None:
-                tracker.computed(key, n)
-                _check_cancel(cancel, f"loading schema {layout.schema!r}")
-                self._scheduler.give_way(time.perf_counter() - batch_started[0])
-                batch_started[0] = time.perf_counter()
-
-            self.modules.precompute(layout, key, self._adder_workspace, on_computed=between_batches)
+            after_batch = self._after_batch(lambda n: tracker.computed(key, n), lambda: _check_cancel(
+                cancel, f"loading schema {layout.schema!r}", "its caller went away"))
+            self.modules.precompute(layout, key, self._adder_workspace, on_computed=after_batch)
         finally:
             self._adding.release()
+
+    def _after_batch(self, report: Callable[[int], None], check: Callable[[], None]) -> Callable[[int], None]:
+        """Returns what long encoding calls after each batch of n tokens: report, `check` (it raises to stop),
+        then give running prompts the context for as long as the batch took (Scheduler.give_way)."""
+        started = [time.perf_counter()]
+
+        def after_batch(n: int) -> None:
+            report(n)
+            check()
+            self._scheduler.give_way(time.perf_counter() - started[0])
+            started[0] = time.perf_counter()
+
+        return after_batch
 
     def unload_schema(self, name: str) -> None:
         """Drops a schema and frees its modules' cells."""
@@ -411,18 +418,10 @@ class PromptCache:
         self.library.check_room(doc_id, name)  # before the encoding: a refusal should not cost minutes
         tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
 
-        batch_started = [time.perf_counter()]
-
-        def between_batches(n: int) -> None:
-            tracker.computed(doc_id, n)
-            if cancel is not None and cancel.is_set():
-                raise AddCancelledError(f"adding document {name or doc_id} was cancelled; nothing was registered")
-            self._scheduler.give_way(time.perf_counter() - batch_started[0])  # prompts get half the time or more
-            batch_started[0] = time.perf_counter()
-
         with self._adding, self._lock:
-            batch_started[0] = time.perf_counter()
-            _, tier = self._adder.document_blob(preamble, doc_id, tokens, on_computed=between_batches)
+            after_batch = self._after_batch(lambda n: tracker.computed(doc_id, n), lambda: _check_cancel(
+                cancel, f"adding document {name or doc_id}", "nothing was registered", AddCancelledError))
+            _, tier = self._adder.document_blob(preamble, doc_id, tokens, on_computed=after_batch)
             self.library.add(doc_id, text, name)
         if tier == TIER_ENCODED:
             tracker.finished(doc_id)
@@ -614,10 +613,11 @@ def _overflow_message(prompt: DocumentPrompt, names: list[str], n_ctx: int, trai
             f"shorter documents, or {fix}")
 
 
-def _check_cancel(cancel: threading.Event | None, what: str) -> None:
-    """Raises CancelledError when `cancel` is set: its caller went away, so `what` stops here."""
+def _check_cancel(cancel: threading.Event | None, what: str, outcome: str,
+                  error: type[CancelledError] = CancelledError) -> None:
+    """Raises `error` when `cancel` is set: its caller went away, so `what` stops here (`outcome` says with what)."""
     if cancel is not None and cancel.is_set():
-        raise CancelledError(f"{what} was cancelled; its caller went away")
+        raise error(f"{what} was cancelled; {outcome}")
 
 
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
