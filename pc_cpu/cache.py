@@ -41,8 +41,8 @@ from pc_cpu.errors import (AddCancelledError, CancelledError, ContextBeyondTrain
                            DocumentError, PromptCacheError, UnknownSchemaError)
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_document_policy, check_question, document_id,
-                                  document_tokens, has_text, layout_documents, preamble_tokens, tail_tokens,
-                                  with_recompute)
+                                  document_tokens, has_text, layout_documents, order_documents, preamble_tokens,
+                                  tail_tokens, with_recompute)
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
@@ -449,7 +449,8 @@ class PromptCache:
 
     def ask(self, question: str, *, documents: Sequence[str], system: str | None = None, max_tokens: int = 256,
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (),
-            use_cache: bool = True, recompute: "str | float | RecomputePolicy | None" = None) -> Result:
+            use_cache: bool = True, recompute: "str | float | RecomputePolicy | None" = None,
+            order: str = "given") -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
@@ -460,10 +461,13 @@ class PromptCache:
         as for `generate` ("tail:32", "10%", "relevant:1", "all"; not "select:"); see
         pc_cpu.pml.documents.with_recompute. Documents are encoded apart, and this buys back
         some of what that costs in answers at the price of computing those tokens.
+        order: "given" (the default), or "relevant-first" / "relevant-last" to move the document
+        most like the question to the first or last place (pc_cpu.pml.documents.order_documents);
+        the baseline uses the same order.
         """
         stream = self.stream_ask(question, documents=documents, system=system, max_tokens=max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                                 use_cache=use_cache, recompute=recompute)
+                                 use_cache=use_cache, recompute=recompute, order=order)
         for _ in stream:
             pass
         return stream.result
@@ -471,7 +475,7 @@ class PromptCache:
     def stream_ask(self, question: str, *, documents: Sequence[str], system: str | None = None,
                    max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                    seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
-                   recompute: "str | float | RecomputePolicy | None" = None) -> "Stream":
+                   recompute: "str | float | RecomputePolicy | None" = None, order: str = "given") -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -485,14 +489,15 @@ class PromptCache:
             self._documents.check_supported()
         with self._lock:
             docs = [self.library.resolve(d) for d in documents]
-        prompt = self.document_prompt(question, [doc.text for doc in docs], system=system, names=list(documents))
+        prompt = self.document_prompt(question, [doc.text for doc in docs], system=system, names=list(documents),
+                                      order=order)
         if use_cache:
             prompt = with_recompute(prompt, policy)
         work = DocumentWork(prompt, self._documents, use_cache)
         return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
 
     def document_prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
-                        names: Sequence[str] | None = None) -> DocumentPrompt:
+                        names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:
         """Returns the layout of `question` over documents of these texts, as `ask` lays it out; encodes nothing.
 
         It only tokenizes (once per text: `add_document` and `ask` reuse the tokens), so a caller
@@ -504,6 +509,7 @@ class PromptCache:
             texts: the documents' texts, in the order the prompt places them.
             system: the system message, or None.
             names: one name per text for the error message (default: the documents' ids).
+            order: "given", "relevant-first" or "relevant-last" (pc_cpu.pml.documents.order_documents).
 
         Raises:
             PromptCacheError: an empty question.
@@ -511,9 +517,10 @@ class PromptCache:
         """
         check_question(question)
         ids = [document_id(text) for text in texts]
-        prompt = layout_documents(preamble_tokens(system, self.model, self.markup),
-                                  [(doc_id, self.document_tokens(text)) for doc_id, text in zip(ids, texts)],
-                                  tail_tokens(question, self.model, self.markup))
+        tail = tail_tokens(question, self.model, self.markup)
+        placed = order_documents([(doc_id, self.document_tokens(text)) for doc_id, text in zip(ids, texts)],
+                                 tail, order)
+        prompt = layout_documents(preamble_tokens(system, self.model, self.markup), placed, tail)
         if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
             raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
                                                          self.model.info.n_ctx_train))

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from pc_cpu.benchmarks.recompute import DEFAULT_POLICIES
+from pc_cpu.pml.documents import ORDERS
 from pc_cpu.pml.encoding import ENCODING_MODES
 
 model_option = click.option("--model", default=None, metavar="NAME|PATH",
@@ -259,39 +260,121 @@ def _path_for(path, mode: str, encodings) -> str | None:
     return str(p.with_name(f"{p.stem}_{mode}{p.suffix}"))
 
 
-@bench.command()
-@click.argument("what", type=click.Choice(["rag", "relocation"]))
+@bench.group()
+def documents() -> None:
+    """Documents: the RAG workload, relocation, and accuracy against the full prefill (see each command)."""
+
+
+@documents.command()
 @model_option
 @threads_option
 @quick_option
 @json_option
 @click.option("--docs", type=click.IntRange(6), default=None,
-              help="rag: documents in the library (default 500, about 7x the 8K context on SmolLM2; quick 60).")
+              help="Documents in the library (default 500, about 7x the 8K context on SmolLM2; quick 60).")
 @click.option("--prompts", type=click.IntRange(1), default=None,
-              help="rag: questions over 5 documents at the full library (default 100, quick 10).")
-@click.option("--n", "count", type=click.IntRange(1), default=None,
-              help="relocation: questions answered three ways, paired (default 200, quick 10).")
-@click.option("--timing-only", is_flag=True, help="relocation: speed only (run on a quiet machine).")
-@click.option("--no-peers", is_flag=True, help="rag: skip llama-cpp-python's Llama on the same prompts.")
+              help="Questions over 5 documents at the full library (default 100, quick 10).")
+@click.option("--no-peers", is_flag=True, help="Skip llama-cpp-python's Llama on the same prompts.")
 @click.option("--recompute", "policies", multiple=True,
-              help="rag: also ask every prompt with this recompute policy (repeatable; e.g. relevant:1, 10%), "
+              help="Also ask every prompt with this recompute policy (repeatable; e.g. relevant:1, 10%), "
                    "paired with the full prefill.")
-def documents(what, model, threads, quick, as_json, docs, prompts, count, timing_only, no_peers, policies):
-    """Documents: the RAG workload (TTFT, adding one, library growth, bytes) or relocation (speed, answers).
+def rag(model, threads, quick, as_json, docs, prompts, no_peers, policies):
+    """The RAG workload: TTFT, adding one document, library growth, bytes.
 
     Example: pc-cpu bench documents rag --docs 500 --prompts 100 --threads 2
     """
     from pc_cpu.benchmarks import documents as dc
+
+    _check_document_policies(policies)
+    job = dc.DocumentsBench(model=model, threads=threads, docs=docs or (60 if quick else 500),
+                            prompts=prompts or (10 if quick else 100), peers=not no_peers, recompute=tuple(policies))
+    result = dc.rag(job)
+    _emit(result, dc.markdown("rag", result), as_json)
+
+
+@documents.command()
+@model_option
+@threads_option
+@quick_option
+@json_option
+@click.option("--n", "count", type=click.IntRange(1), default=None,
+              help="Questions answered three ways, paired (default 200, quick 10).")
+@click.option("--timing-only", is_flag=True, help="Speed only (run on a quiet machine).")
+def relocation(model, threads, quick, as_json, count, timing_only):
+    """Relocation: the speed of moving documents' cells, and its cost to answers.
+
+    Example: pc-cpu bench documents relocation --n 200 --threads 2
+    """
+    from pc_cpu.benchmarks import documents as dc
+
+    job = dc.DocumentsBench(model=model, threads=threads, n=count or (10 if quick else 200), timing_only=timing_only)
+    result = dc.relocation(job)
+    _emit(result, dc.markdown("relocation", result), as_json)
+
+
+@documents.command()
+@click.option("--model", "models", multiple=True, metavar="NAME|PATH",
+              help="A model name (see `pc-cpu models`) or a GGUF file; repeatable (default: $PC_CPU_MODEL, "
+                   "else smollm2-135m).")
+@threads_option
+@click.option("--policy", "policies", multiple=True,
+              help="A recompute policy to ask with the cache (repeatable; default 0): 0, relevant:1, tail:32, 10%...")
+@click.option("--order", "orders", multiple=True, type=click.Choice(ORDERS),
+              help="Where the document most like the question goes (repeatable; default given). Each order "
+                   "gets its own full prefill.")
+@click.option("--task", type=click.Choice(["nq", "kv"]), default="nq", show_default=True,
+              help="NaturalQuestions passages, or key-value retrieval (one pair per document).")
+@click.option("--split", type=click.Choice(["odd", "even", "all"]), default="odd", show_default=True,
+              help="Questions whose line in the data file is odd (report) or even (tune).")
+@click.option("--n", "count", type=click.IntRange(1), default=300, show_default=True, help="Items per model.")
+@click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="Documents per question.")
+@click.option("--max-tokens", type=click.IntRange(1), default=None, help="Answer length (default 24 NQ, 128 KV).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="JSON-lines file of every answer; a run with the same file resumes where it stopped.")
+@click.option("--summary", "summaries", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Summarize these answer files instead of running (repeatable).")
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="Also write the table, the command and a plot into this Markdown file (e.g. bench/RESULTS.md), "
+                   "replacing this bench's section.")
+@quick_option
+@json_option
+def accuracy(models, threads, policies, orders, task, split, count, docs, max_tokens, out, summaries, results,
+             quick, as_json):
+    """Documents against the full prefill: `ask` variants paired with use_cache=False, accuracy and TTFT.
+
+    Example: pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 --n 300
+    """
+    import tempfile
+
+    from pc_cpu.benchmarks import document_accuracy as da
+
+    _check_document_policies(policies)
+    if summaries:
+        records = [r for path in summaries for r in da.read_records(Path(path))]
+    else:
+        job = da.AccuracyJob(models=tuple(models) or (None,), policies=tuple(policies) or ("0",),
+                             orders=tuple(orders) or ("given",), task=task, split=split,
+                             n=10 if quick else count, docs=docs, threads=threads, max_tokens=max_tokens or 0)
+        with ExitStack() as stack:
+            path = Path(out) if out else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "answers.jsonl"
+            with _bar(len(job.models) * job.n, "documents accuracy", as_json) as progress:
+                records = da.run(job, path, progress=progress)
+    rows = da.summarize(records)
+    table = da.markdown(rows)
+    if results:
+        results_path = Path(results)
+        image = da.plot(rows, results_path.with_name("documents_accuracy.png"))
+        da.write_results(results_path, table, "pc-cpu " + " ".join(sys.argv[1:]), image)
+    _emit([row.__dict__ for row in rows], table, as_json)
+
+
+def _check_document_policies(policies) -> None:
+    """Raises (before any model loads) for a recompute policy documents cannot use, naming the ones they can."""
     from pc_cpu.pml.documents import check_document_policy
     from pc_cpu.pml.recompute import parse_policy
 
-    for policy in policies:  # a bad policy fails here, before the model loads
+    for policy in policies:
         check_document_policy(parse_policy(policy))
-    job = dc.DocumentsBench(model=model, threads=threads, docs=docs or (60 if quick else 500),
-                            prompts=prompts or (10 if quick else 100), n=count or (10 if quick else 200),
-                            timing_only=timing_only, peers=not no_peers, recompute=tuple(policies))
-    result = dc.rag(job) if what == "rag" else dc.relocation(job)
-    _emit(result, dc.markdown(what, result), as_json)
 
 
 @bench.command()

@@ -146,6 +146,34 @@ class DocumentPrompt:
         return sum(end - start for start, end in self.recomputed)
 
 
+ORDERS = ("given", "relevant-first", "relevant-last")  # ask(order=...): where the question's document goes
+
+
+def order_documents(documents: list[tuple[str, tuple[int, ...]]], question: tuple[int, ...],
+                    order: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Returns `documents` ((id, tokens) pairs) in the order `order` asks for; the others keep theirs.
+
+    "given" keeps the caller's order. "relevant-first" and "relevant-last" move the document
+    most like the question (pc_cpu.pml.recompute.most_relevant) to the first or the last place.
+    The first place is the one a cached prompt gets exactly (its home); the last sits next
+    to the question. The baseline (use_cache=False) prefills the same order, so the two stay
+    a like-for-like comparison.
+
+    Raises:
+        PromptCacheError: an order not in ORDERS.
+    """
+    if order not in ORDERS:
+        raise PromptCacheError(f"order={order!r} is not an order; use one of {', '.join(ORDERS)}")
+    if order == "given" or len(documents) < 2:
+        return list(documents)
+    ranked = most_relevant({str(i): tokens for i, (_, tokens) in enumerate(documents)}, question, 1)
+    if not ranked:
+        return list(documents)
+    chosen = documents[int(ranked[0])]
+    rest = [d for i, d in enumerate(documents) if i != int(ranked[0])]
+    return [chosen, *rest] if order == "relevant-first" else [*rest, chosen]
+
+
 def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],
                      tail: tuple[int, ...]) -> DocumentPrompt:
     """Returns the DocumentPrompt that places `documents` ((id, tokens) pairs) back to back after the preamble."""

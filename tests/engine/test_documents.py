@@ -235,6 +235,21 @@ def test_relevant_recomputes_the_document_most_like_the_question(cache_with_stor
         cache.ask(QUESTION, documents=ids, recompute="sometimes")
 
 
+def test_order_places_the_question_s_document_and_the_baseline_prefills_the_same_order(cache_with_store):
+    cache = cache_with_store()
+    fuji, paris, nile = (cache.add_document(text) for text in (FUJI, PARIS, NILE))
+    last = cache.ask(QUESTION, documents=[fuji, paris, nile], max_tokens=4, order="relevant-last")
+    assert last.modules == [fuji, nile, paris]
+    first = cache.ask(QUESTION, documents=[fuji, paris, nile], max_tokens=4, order="relevant-first",
+                      recompute="all")
+    baseline = cache.ask(QUESTION, documents=[fuji, paris, nile], max_tokens=4, order="relevant-first",
+                         use_cache=False)
+    assert first.modules == baseline.modules == [paris, fuji, nile]
+    assert first.token_ids == baseline.token_ids  # every document computed again: the same tokens, the same answer
+    with pytest.raises(PromptCacheError, match="order='best' is not an order"):
+        cache.ask(QUESTION, documents=[fuji], order="best")
+
+
 def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):
     store = tmp_path / "store"
     first = make_cache(store=store)

@@ -1,0 +1,267 @@
+"""Documents against the full prefill: paired accuracy and TTFT of `ask` variants (issue 28).
+
+    pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 \
+        --order given --n 300 --split odd --out q05_odd.jsonl --results bench/RESULTS.md
+
+Each item is a question over 5 documents in a random order (NQ: the gold passage and 4 other
+questions' gold passages; KV retrieval: 5 key-value pairs, one per document). Its documents are
+added with `add_document`, then the question is asked through `PromptCache.ask`: once as the
+baseline (`use_cache=False`, a full prefill of the same tokens) per order, and once per
+(recompute policy, order) variant with the cache. Answers, correctness and `Result.ttft_ms` go to a
+JSON-lines file, one record per answer, so a run can stop and resume (`--out` again) and be
+summarized later (`--summary`).
+
+Tuning uses the even lines of the data files, reporting the odd ones (issue 28): `--split`.
+
+Between answers the resident cells are dropped (`PromptCache.evict`), so every cached answer
+restores its documents from the RAM tier, as a question over documents not asked about a moment
+ago does, and a variant never reuses the stream an earlier variant left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pc_cpu.benchmarks.evaldata import DocItem, KVItem, doc_items, kv_items, load_kv, load_nq
+from pc_cpu.benchmarks.intervals import discordant, paired_difference
+from pc_cpu.benchmarks.prompts import KV_SYSTEM
+from pc_cpu.benchmarks.scoring import normalize_answer
+
+NQ_SYSTEM = "Answer the question from the documents, in a few words."  # as `bench documents rag` asks
+FULL = "full prefill"  # the policy field of a baseline record
+SPLITS = ("odd", "even", "all")
+TASKS = ("nq", "kv")
+GOAL_PTS = 2.5  # issue 28: within 2.5 points of the full prefill
+GOAL_SPEEDUP = 10.0  # at >= 10x its TTFT
+
+
+@dataclass(frozen=True)
+class AccuracyJob:
+    """One run: every model answers every item with the baseline and each (policy, order) variant."""
+
+    models: tuple[str | None, ...] = (None,)
+    policies: tuple[str, ...] = ("0",)
+    orders: tuple[str, ...] = ("given",)
+    task: str = "nq"
+    split: str = "odd"
+    n: int = 300
+    docs: int = 5
+    threads: int = 2
+    max_tokens: int = 0  # 0: 24 for NQ, 128 for KV (the small models restate the key first)
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.max_tokens or (128 if self.task == "kv" else 24)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One item as `ask` sees it: document texts in prompt order, the question, the accepted answers."""
+
+    index: int  # the record's line in the data file (its parity is the split)
+    system: str
+    documents: tuple[str, ...]
+    question: str
+    answers: tuple[str, ...]
+    gold_index: int
+
+
+def questions(task: str, split: str, n: int, docs: int) -> list[Question]:
+    """Returns the first `n` items of the split, drawn deterministically (the same arguments, the same items)."""
+    if task not in TASKS or split not in SPLITS:
+        raise ValueError(f"task {task!r} / split {split!r}: use one of {TASKS} / {SPLITS}")
+    keep = (lambda i: True) if split == "all" else (lambda i: i % 2 == (1 if split == "odd" else 0))
+    if task == "kv":
+        records = load_kv()
+        return [_kv_question(it) for it in kv_items(records, docs, len(records)) if keep(it.index)][:n]
+    nq = load_nq()
+    return [_nq_question(it) for it in doc_items(nq, docs, len(nq), seed=0) if keep(it.index)][:n]
+
+
+def _nq_question(item: DocItem) -> Question:
+    texts = tuple(f"{p.title}: {p.text}" for p in item.passages)
+    return Question(item.index, NQ_SYSTEM, texts, item.question, item.answers, item.gold_index)
+
+
+def _kv_question(item: KVItem) -> Question:
+    texts = tuple(f'"{k}": "{v}"' for k, v in item.pairs)
+    return Question(item.index, KV_SYSTEM, texts, f'Key: "{item.key}"\nCorresponding value:', (item.value,),
+                    item.gold_index)
+
+
+def correct(text: str, answers: Iterable[str]) -> bool:
+    """Returns whether a normalized accepted answer is a substring of the normalized output (best_subspan_em)."""
+    norm = normalize_answer(text)
+    return any(normalize_answer(a) in norm for a in answers)
+
+
+def read_records(path: Path) -> list[dict]:
+    """Returns the records of a run's JSON-lines file ([] when it does not exist)."""
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _done(records: list[dict]) -> set[tuple]:
+    return {(r["model"], r["index"], r["order"], r["policy"]) for r in records}
+
+
+def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda n: None) -> list[dict]:
+    """Answers every item of `job` with every model and variant, appending records to `out`; returns all records.
+
+    Records already in `out` (same model, item, order and policy) are not asked again.
+    """
+    from pc_cpu import PromptCache
+
+    items = questions(job.task, job.split, job.n, job.docs)
+    records = read_records(out)
+    done = _done(records)
+    with out.open("a", encoding="utf-8") as sink:
+        for model in job.models:
+            with tempfile.TemporaryDirectory(prefix="pc_cpu_acc_") as store, \
+                    PromptCache(model, threads=job.threads, store=store) as pc:
+                name = model or pc.model.path.name
+                pc.ask("warm up", documents=[], system=items[0].system if items else None, max_tokens=1)
+                for item in items:
+                    for record in _answer(pc, name, item, job, done):
+                        records.append(record)
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                    progress(1)
+    return records
+
+
+def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple]) -> Iterator[dict]:
+    """Yields the records of one item not yet in `done`: a baseline per order, then each variant."""
+    wanted = [(order, policy) for order in job.orders for policy in (FULL, *job.policies)
+              if (model, item.index, order, policy) not in done]
+    if not wanted:
+        return
+    ids = [pc.add_document(text, system=item.system) for text in item.documents]
+    try:
+        for order, policy in wanted:
+            pc.evict()  # restore from the RAM tier; never reuse the stream another variant left
+            baseline = policy == FULL
+            result = pc.ask(item.question, documents=ids, system=item.system, max_tokens=job.answer_tokens,
+                            use_cache=not baseline, recompute=None if baseline else policy, order=order)
+            yield {"model": model, "task": job.task, "index": item.index, "gold_index": item.gold_index,
+                   "order": order, "policy": policy, "correct": correct(result.text, item.answers),
+                   "text": result.text, "ttft_ms": result.ttft_ms, "uncached_tokens": result.uncached_tokens,
+                   "prompt_tokens": result.prompt_tokens, "documents": result.modules}
+    finally:
+        for doc_id in dict.fromkeys(ids):  # a library of one item at a time: the store stays small
+            pc.remove_document(doc_id)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One variant of one model against its full prefill, over the items both answered."""
+
+    model: str
+    task: str
+    order: str
+    policy: str
+    n: int
+    accuracy: float
+    full_accuracy: float
+    diff: float  # points, variant - full prefill
+    low: float
+    high: float
+    gained: int  # right here, wrong in the full prefill
+    lost: int
+    ttft_ms: float  # median
+    full_ttft_ms: float  # median
+    speedup: float  # median over items of full TTFT / variant TTFT
+
+    @property
+    def meets_goal(self) -> bool:
+        """Returns whether the 95% interval lies above -GOAL_PTS and the speedup is at least GOAL_SPEEDUP."""
+        return self.low >= -GOAL_PTS and self.speedup >= GOAL_SPEEDUP
+
+
+def summarize(records: list[dict]) -> list[Row]:
+    """Returns a Row per (model, task, order, policy), paired with that order's full prefill on the same items."""
+    full = {(r["model"], r["task"], r["order"], r["index"]): r for r in records if r["policy"] == FULL}
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r["policy"] != FULL and (r["model"], r["task"], r["order"], r["index"]) in full:
+            groups.setdefault((r["model"], r["task"], r["order"], r["policy"]), []).append(r)
+    rows = []
+    for (model, task, order, policy), rs in groups.items():
+        base = [full[(model, task, order, r["index"])] for r in rs]
+        hits, base_hits = [r["correct"] for r in rs], [b["correct"] for b in base]
+        d = paired_difference(hits, base_hits)
+        gained, lost = discordant(hits, base_hits)
+        rows.append(Row(model, task, order, policy, len(rs), statistics.fmean(hits), statistics.fmean(base_hits),
+                        100 * d.estimate, 100 * d.low, 100 * d.high, gained, lost,
+                        statistics.median(r["ttft_ms"] for r in rs), statistics.median(b["ttft_ms"] for b in base),
+                        statistics.median(b["ttft_ms"] / r["ttft_ms"] for r, b in zip(rs, base))))
+    return sorted(rows, key=lambda r: (r.model, r.task, r.order, r.policy))
+
+
+def markdown(rows: list[Row]) -> str:
+    """Returns the rows as a Markdown table: accuracy, the paired difference, TTFT and the goal's verdict."""
+    lines = ["| model | task | order | recompute | n | cached | full prefill | cached − full (pts, 95%) | +/− "
+             "| TTFT cached / full (ms, p50) | speedup | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.task} | {r.order} | `{r.policy}` | {r.n} | {100 * r.accuracy:.1f}% "
+                     f"| {100 * r.full_accuracy:.1f}% | {r.diff:+.1f} [{r.low:+.1f}, {r.high:+.1f}] "
+                     f"| {r.gained}/{r.lost} | {r.ttft_ms:,.0f} / {r.full_ttft_ms:,.0f} | {r.speedup:.1f}× "
+                     f"| {'met' if r.meets_goal else 'not met'} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> Path | None:
+    """Writes the speed/accuracy plane (speedup vs points lost, with intervals) to `path`; None without matplotlib."""
+    from pc_cpu.benchmarks.plots import _pyplot
+
+    plt = _pyplot()
+    if plt is None or not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for model in sorted({r.model for r in rows}):
+        mine = [r for r in rows if r.model == model]
+        ax.errorbar([r.speedup for r in mine], [r.diff for r in mine],
+                    yerr=[[r.diff - r.low for r in mine], [r.high - r.diff for r in mine]],
+                    fmt="o", capsize=3, label=model)
+        for r in mine:
+            ax.annotate(f"{r.task} {r.policy}" + ("" if r.order == "given" else f" {r.order}"),
+                        (r.speedup, r.diff), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.axhspan(-GOAL_PTS, GOAL_PTS, color="green", alpha=.08, label=f"±{GOAL_PTS} points")
+    ax.axvline(GOAL_SPEEDUP, color="gray", ls=":", label=f"{GOAL_SPEEDUP:.0f}× TTFT")
+    ax.set(xscale="log", xlabel="TTFT speedup over the full prefill (median per item)",
+           ylabel="cached − full prefill (points, paired 95%)", title="Documents: accuracy against speed")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+BEGIN = "<!-- bench documents accuracy: begin -->"
+END = "<!-- bench documents accuracy: end -->"
+
+
+def write_results(results: Path, table: str, command: str, image: Path | None) -> None:
+    """Puts the table (and the plot's link) between this bench's markers in `results`, replacing what was there."""
+    section = [BEGIN, "## Documents against the full prefill (`pc-cpu bench documents accuracy`)", "",
+               "Written by the command below; rerunning it replaces this section.", "", f"    {command}", "", table]
+    if image is not None:
+        section += ["", f"![accuracy against speed]({image.name})"]
+    section.append(END)
+    text = results.read_text(encoding="utf-8") if results.exists() else "# pc_cpu benchmarks: measured results\n"
+    if BEGIN in text and END in text:
+        head, _, rest = text.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        text = head + "\n".join(section) + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n"
+    results.write_text(text, encoding="utf-8")

@@ -1,0 +1,86 @@
+"""`pc-cpu bench documents accuracy`: paired answers of `ask` variants against the full prefill, resumable, summarized."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from pc_cpu.benchmarks import document_accuracy as da
+from tests.benchmarks.test_documents import nq_data  # noqa: F401 (a fixture)
+from tests.test_cli import run_main
+
+
+def _run(tiny_model_path, tmp_path, capsys, *extra):
+    args = ["bench", "documents", "accuracy", "--model", str(tiny_model_path), "--n", "2", "--policy", "0",
+            "--policy", "all", "--max-tokens", "4", "--out", str(tmp_path / "answers.jsonl"), "--json", *extra]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_every_answer_is_recorded_and_recomputing_everything_is_the_full_prefill(nq_data, tiny_model_path,
+                                                                                 tmp_path, capsys):
+    rows = {row["policy"]: row for row in _run(tiny_model_path, tmp_path, capsys)}
+    records = da.read_records(tmp_path / "answers.jsonl")
+    assert len(records) == 2 * 3  # two items, each: the full prefill, `0` and `all`
+    assert {r["index"] % 2 for r in records} == {1}  # reported on odd lines only
+    by = {(r["index"], r["policy"]): r for r in records}
+    for index in {r["index"] for r in records}:
+        full, redone, cached = by[(index, da.FULL)], by[(index, "all")], by[(index, "0")]
+        assert redone["text"] == full["text"]  # every document computed again after the others: the same tokens
+        assert full["prompt_tokens"] == cached["prompt_tokens"] == redone["prompt_tokens"]
+        assert full["uncached_tokens"] == full["prompt_tokens"] > cached["uncached_tokens"]
+        assert full["documents"] == cached["documents"] and len(full["documents"]) == 5
+    assert rows["all"]["diff"] == 0 and rows["all"]["gained"] == rows["all"]["lost"] == 0
+    assert rows["0"]["n"] == rows["all"]["n"] == 2 and rows["0"]["speedup"] > 0
+
+
+def test_a_second_run_resumes_and_writes_its_section_once(nq_data, tiny_model_path, tmp_path, capsys):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# results\n\nkept above\n", encoding="utf-8")
+    _run(tiny_model_path, tmp_path, capsys, "--results", str(results))
+    before = (tmp_path / "answers.jsonl").read_text(encoding="utf-8")
+    _run(tiny_model_path, tmp_path, capsys, "--results", str(results))
+    assert (tmp_path / "answers.jsonl").read_text(encoding="utf-8") == before  # nothing asked twice
+    text = results.read_text(encoding="utf-8")
+    assert text.startswith("# results\n\nkept above\n") and text.count(da.BEGIN) == 1 == text.count(da.END)
+    assert "| `all` | 2 |" in text and "bench documents accuracy" in text
+
+
+def test_the_summary_pairs_each_variant_with_its_order_s_full_prefill():
+    def rec(index, order, policy, correct, ttft):
+        return {"model": "m", "task": "nq", "index": index, "order": order, "policy": policy, "correct": correct,
+                "ttft_ms": ttft}
+
+    records = [rec(1, "given", da.FULL, True, 1000), rec(1, "given", "0", False, 50),
+               rec(3, "given", da.FULL, False, 1200), rec(3, "given", "0", False, 100),
+               rec(1, "relevant-last", da.FULL, False, 1000), rec(1, "relevant-last", "0", True, 100),
+               rec(5, "given", "0", True, 10)]  # no full prefill for item 5: not paired, not counted
+    given, last = da.summarize(records)
+    assert (given.order, given.n, given.accuracy, given.full_accuracy) == ("given", 2, 0.0, 0.5)
+    assert (given.diff, given.gained, given.lost) == (-50.0, 0, 1)
+    assert given.speedup == 16.0 and given.ttft_ms == 75 and not given.meets_goal  # medians of 20x and 12x
+    assert (last.diff, last.gained, last.lost, last.speedup) == (100.0, 1, 0, 10.0)
+
+
+def test_kv_items_put_one_pair_in_each_document(tmp_path, monkeypatch):
+    with gzip.open(tmp_path / "kv-retrieval-75_keys.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i in range(4):
+            pairs = [[f"k{i}-{j}", f"v{i}-{j}"] for j in range(75)]
+            f.write(json.dumps({"ordered_kv_records": pairs, "key": f"k{i}-7", "value": f"v{i}-7"}) + "\n")
+    monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
+    odd = da.questions("kv", "odd", 10, 5)
+    assert [q.index for q in odd] == [1, 3]
+    q = odd[0]
+    assert len(q.documents) == 5 and q.documents[q.gold_index] == '"k1-7": "v1-7"' and q.answers == ("v1-7",)
+    assert q.question == 'Key: "k1-7"\nCorresponding value:'
+    with pytest.raises(ValueError, match="split"):
+        da.questions("kv", "third", 10, 5)
+
+
+def test_a_policy_documents_cannot_use_is_refused_before_the_model_loads(capsys):
+    code, _, err = run_main(["bench", "documents", "accuracy", "--model", "/nowhere.gguf", "--policy", "select:10%"],
+                            capsys)
+    assert code != 0 and "select" in err and "schema prompts" in err
