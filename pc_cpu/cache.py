@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from pc_cpu import document_settings
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import Workspace
@@ -450,7 +451,7 @@ class PromptCache:
     def ask(self, question: str, *, documents: Sequence[str], system: str | None = None, max_tokens: int = 256,
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (),
             use_cache: bool = True, recompute: "str | float | RecomputePolicy | None" = None,
-            order: str = "given") -> Result:
+            order: str | None = None, setting: str | None = None) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
@@ -464,10 +465,12 @@ class PromptCache:
         order: "given" (the default), or "relevant-first" / "relevant-last" to move the document
         most like the question to the first or last place (pc_cpu.pml.documents.order_documents);
         the baseline uses the same order.
+        setting: "fast" or "accurate", a recompute policy and order measured on this model, by name
+        (pc_cpu.document_settings, which also says what each loses); instead of recompute and order.
         """
         stream = self.stream_ask(question, documents=documents, system=system, max_tokens=max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                                 use_cache=use_cache, recompute=recompute, order=order)
+                                 use_cache=use_cache, recompute=recompute, order=order, setting=setting)
         for _ in stream:
             pass
         return stream.result
@@ -475,9 +478,11 @@ class PromptCache:
     def stream_ask(self, question: str, *, documents: Sequence[str], system: str | None = None,
                    max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                    seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
-                   recompute: "str | float | RecomputePolicy | None" = None, order: str = "given") -> "Stream":
+                   recompute: "str | float | RecomputePolicy | None" = None, order: str | None = None,
+                   setting: str | None = None) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
+        recompute, order = self._document_setting(setting, recompute, order)
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         sampling.validate()
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
@@ -495,6 +500,16 @@ class PromptCache:
             prompt = with_recompute(prompt, policy)
         work = DocumentWork(prompt, self._documents, use_cache)
         return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
+
+    def _document_setting(self, setting: str | None, recompute, order: str | None) -> tuple:
+        """Returns the (recompute, order) `ask` uses: the named setting's for this model, else the ones given."""
+        if setting is None:
+            return recompute, order or "given"
+        if recompute is not None or order is not None:
+            raise PromptCacheError(f"setting={setting!r} chooses recompute and order itself; give either setting "
+                                   "or recompute/order, not both")
+        chosen = document_settings.setting(self.model.path.name, setting)
+        return chosen.recompute, chosen.order
 
     def document_prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                         names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:

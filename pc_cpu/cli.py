@@ -13,9 +13,10 @@ from pathlib import Path
 import click
 
 from pc_cpu import crash_guard
+from pc_cpu.document_settings import SETTINGS, advice
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
-from pc_cpu.pml.documents import NO_TEXT, check_document_policy, check_question, has_text
+from pc_cpu.pml.documents import NO_TEXT, ORDERS, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
@@ -152,14 +153,20 @@ def _report(result, as_json: bool, what: str) -> None:
 @click.option("--recompute", default=None, help="Document tokens to compute again after the documents before "
               "them: tail:32, head:8,tail:32, 10%, relevant:1 (the document most like the question), all "
               "(default: none; documents are encoded apart).")
+@click.option("--order", type=click.Choice(ORDERS), default=None,
+              help="Where the document most like the question goes: given (the default), relevant-first, "
+                   "relevant-last.")
+@click.option("--setting", type=click.Choice(SETTINGS), default=None,
+              help="A recompute policy and order measured on this model, by name: fast (the default) or accurate "
+                   "(fewer points lost, slower); instead of --recompute and --order.")
 @ctx_option
 @threads_option
 @store_option
 @no_store_option
 @json_option
 @verbose_option
-def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, n_ctx,
-        threads, store_dir, no_store, as_json, verbose):
+def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, order,
+        setting, n_ctx, threads, store_dir, no_store, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -173,6 +180,9 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     check_question(question)  # these three before the model loads: a mistake fails fast
     files = [(path, _read_document(path)) for path in docs]
     check_document_policy(parse_policy(recompute))
+    if setting is not None and (recompute is not None or order is not None):
+        raise PromptCacheError(f"--setting {setting} chooses the recompute policy and order itself; give --setting "
+                               "or --recompute/--order, not both")
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
         # Refused before any document is encoded (minutes, on a long library): a prompt that cannot fit, a taken name.
         pc.document_prompt(question, [text for _, text in files], system=system,
@@ -181,7 +191,9 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
         ids, served = _add_documents(pc, files, system)
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                               use_cache=not no_cache, recompute=recompute)
+                               use_cache=not no_cache, recompute=recompute, order=order, setting=setting)
+        if not no_cache and setting is None and recompute is None and (hint := advice(pc.model.path.name)):
+            click.echo(f"note: {hint}; --setting accurate chooses it, --no-cache is the full prefill", err=True)
         for piece in stream:
             if not as_json:
                 click.echo(piece, nl=False)

@@ -341,6 +341,31 @@ def test_ask_recompute_computes_the_moved_documents_again_and_a_bad_policy_is_on
     assert code != 0 and "'often' is not a policy" in err and "Traceback" not in err
 
 
+RAILS = "What runs on rails between the towns?"
+
+
+def test_ask_setting_chooses_the_accurate_policy_and_a_loss_on_the_default_is_one_note(tiny_model_path, doc_files,
+                                                                                      tmp_path, capsys, monkeypatch):
+    store = tmp_path / "store"
+    docs = doc_files  # boats, then trains: the question is about the second (relevant:1 leaves the first in place)
+    code, out, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + ["--json"], capsys)
+    assert code == 0 and "note:" not in err  # the tiny model has no measured loss: nothing is claimed
+    plain = json.loads(out)
+    code, out, _ = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + ["--setting", "accurate", "--json"], capsys)
+    assert code == 0 and json.loads(out)["uncached_tokens"] > plain["uncached_tokens"]  # relevant:1 (the fallback)
+    code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + ["--setting", "accurate", "--recompute",
+                                                                            "all"], capsys)
+    assert_one_error_line(code, err, "--setting accurate chooses the recompute policy", "not both")
+
+    monkeypatch.setattr("pc_cpu.cli.advice", lambda model: "on this model, cached documents answer 9.0 points below")
+    code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS), capsys)
+    assert code == 0 and err.count("note: on this model, cached documents answer 9.0 points below; "
+                                   "--setting accurate chooses it, --no-cache is the full prefill") == 1
+    for chosen in (["--setting", "fast"], ["--no-cache"], ["--recompute", "0"]):
+        code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + chosen, capsys)
+        assert code == 0 and "note:" not in err, chosen  # the user chose: no advice
+
+
 def test_bad_documents_are_one_error_line(tiny_model_path, doc_files, tmp_path, capsys):
     store = tmp_path / "store"
     (tmp_path / "empty.txt").write_text("  \n")

@@ -9,7 +9,8 @@ Differences from OpenAI, on purpose:
 - `temperature` defaults to 0 (greedy, reproducible), not 1; `max_tokens` defaults to 256.
 - Extensions: `top_k` (0: off), `use_cache` (false: full prefill of the same tokens, the baseline),
   `recompute` (cached module tokens to compute again, e.g. "tail:32" or "select:10%"; see
-  pc_cpu.pml.recompute), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
+  pc_cpu.pml.recompute), with `documents` also `setting` ("fast" or "accurate", see
+  pc_cpu.document_settings) and `order` ("given", "relevant-first", "relevant-last"), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
   and `tiers` (where each module's cells came from). `usage.prompt_tokens_details.cached_tokens`
   is OpenAI's own field for the cached count.
 - `model` is accepted and ignored (one model per server); `n` must be 1; other OpenAI fields
@@ -149,11 +150,16 @@ class ChatRequest(SamplingRequest):
     messages: list[ChatMessageIn] = Field(min_length=1)
     schema_name: Optional[str] = Field(None, alias="schema")
     documents: Optional[list[str]] = None  # ids or names: answer with PromptCache.ask instead of a schema
+    setting: Optional[str] = None  # with documents: "fast" or "accurate" (pc_cpu.document_settings)
+    order: Optional[str] = None  # with documents: "given", "relevant-first" or "relevant-last"
     max_completion_tokens: Optional[int] = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _schema_or_documents(self) -> "ChatRequest":
         if self.documents is None:
+            if self.setting is not None or self.order is not None:
+                raise ValueError("`setting` and `order` are for questions over `documents`; send `documents` too, "
+                                 "or leave them out")
             if self.schema_name is None:
                 raise ValueError("send `schema` (a loaded schema the messages import from) or `documents` "
                                  "(ids or names of documents to answer from, see POST /v1/documents)")
@@ -170,6 +176,8 @@ class ChatRequest(SamplingRequest):
         options = super().options()
         if self.max_tokens is None and self.max_completion_tokens is not None:
             options["max_tokens"] = self.max_completion_tokens
+        if self.documents is not None:
+            options.update(setting=self.setting, order=self.order)
         return options
 
     def question(self) -> tuple[str, str | None]:

@@ -250,6 +250,22 @@ def test_order_places_the_question_s_document_and_the_baseline_prefills_the_same
         cache.ask(QUESTION, documents=[fuji], order="best")
 
 
+def test_a_setting_by_name_asks_with_its_policy_and_refuses_a_policy_beside_it(cache_with_store):
+    cache = cache_with_store()
+    ids = [cache.add_document(text) for text in (FUJI, PARIS, NILE)]
+    # The tiny model is not in pc_cpu.document_settings: "accurate" is the fallback's relevant:1.
+    accurate = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate")
+    relevant = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute="relevant:1")
+    fast = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="fast")
+    assert accurate.uncached_tokens == relevant.uncached_tokens > fast.uncached_tokens
+    assert accurate.token_ids == relevant.token_ids
+    assert fast.token_ids == cache.ask(QUESTION, documents=ids, max_tokens=3).token_ids
+    with pytest.raises(PromptCacheError, match="give either setting or recompute/order, not both"):
+        cache.ask(QUESTION, documents=ids, setting="accurate", recompute="tail:4")
+    with pytest.raises(PromptCacheError, match="setting='slow' is not a setting"):
+        cache.ask(QUESTION, documents=ids, setting="slow")
+
+
 def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):
     store = tmp_path / "store"
     first = make_cache(store=store)

@@ -198,6 +198,24 @@ def test_recompute_with_documents_answers_as_ask_does_and_a_bad_one_is_a_400(htt
     assert "head:K, tail:K" in error["message"]
 
 
+def test_setting_and_order_with_documents_answer_as_ask_does_and_without_documents_are_a_422(http, library,
+                                                                                             doc_cache):
+    question = "What runs on rails between the towns?"  # about the second document: relevant:1 computes it
+    for options in ({"setting": "accurate"}, {"order": "relevant-first"}):
+        expected = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6, **options)
+        body = http.post("/v1/chat/completions", json=_chat(list(library), question, **options)).json()
+        assert body["choices"][0]["message"]["content"] == expected.text, options
+        assert body["usage"]["uncached_tokens"] == expected.uncached_tokens, options
+    plain = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6)
+    assert doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6,
+                         setting="accurate").uncached_tokens > plain.uncached_tokens
+    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), setting="best")), 400)
+    assert "setting='best' is not a setting" in error["message"]
+    error = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                           "schema": "s", "setting": "accurate"}), 422)
+    assert "`setting` and `order` are for questions over `documents`" in error["message"]
+
+
 def test_chat_without_schema_or_documents_is_422_naming_both(http):
     error = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 422)
     assert "`schema`" in error["message"] and "`documents`" in error["message"]

@@ -1,0 +1,91 @@
+"""Gives the named settings of a question over documents, per model, with what each loses against a full prefill.
+
+Documents are encoded apart, so a cached question over several of them answers worse than a
+full prefill of the same tokens, by an amount that depends on the model (issue 28). Two settings
+have names, so that a user can pick one without knowing the recompute policies:
+
+    "fast"      the default: every document restored and moved, only the question computed
+    "accurate"  the policy that lost the fewest points on this model, at the speed it costs
+
+Every figure below was measured with `pc-cpu bench documents accuracy` on the odd lines of the
+NQ file (5 passages in a random order, paired with the full prefill; bench/RESULTS.md, section
+"Documents against the full prefill"). A model not in the table (a GGUF of the user's) gets the
+settings measured best on the Qwen models, without figures.
+
+Pure data and lookups: pc_cpu.cache applies a setting, the CLI prints `advice`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pc_cpu.errors import PromptCacheError
+
+SETTINGS = ("fast", "accurate")  # the names ask(setting=...) and `pc-cpu ask --setting` take
+CLOSE_PTS = 2.5  # a loss this small is noise at the n we measure (issue 28's goal)
+
+
+@dataclass(frozen=True)
+class DocumentSetting:
+    """A recompute policy and an order for `ask`, with its measured cost to answers (None: not measured)."""
+
+    recompute: str
+    order: str = "given"
+    vs_full_pts: float | None = None  # cached - full prefill, paired, points
+    interval: tuple[float, float] | None = None  # its 95% interval
+    speedup: float | None = None  # full prefill TTFT / this setting's, median per question
+    n: int = 0  # questions paired
+
+    def describe(self) -> str:
+        """Returns e.g. 'relevant:1: -5.3 points [-9.0, -1.7] against a full prefill, 4.2x its speed (n = 300)'."""
+        what = self.recompute + ("" if self.order == "given" else f", order {self.order}")
+        if self.vs_full_pts is None:
+            return f"{what} (not measured on this model)"
+        low, high = self.interval or (self.vs_full_pts, self.vs_full_pts)
+        return (f"{what}: {self.vs_full_pts:+.1f} points [{low:+.1f}, {high:+.1f}] against a full prefill, "
+                f"{self.speedup:.1f}x its speed (n = {self.n})")
+
+
+@dataclass(frozen=True)
+class ModelDocuments:
+    fast: DocumentSetting
+    accurate: DocumentSetting
+
+
+FALLBACK = ModelDocuments(fast=DocumentSetting("0"), accurate=DocumentSetting("relevant:1"))
+
+# Filled from bench/RESULTS.md ("Documents against the full prefill"); keys are pc_cpu.models names.
+TABLE: dict[str, ModelDocuments] = {
+    # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 2 --n 300 --split odd
+    #     --policy 0 --policy relevant:1   (full prefill 55.3%; session 17)
+    "qwen2.5-coder-0.5b": ModelDocuments(
+        fast=DocumentSetting("0", vs_full_pts=-17.3, interval=(-23.7, -11.3), speedup=16.9, n=300),
+        accurate=DocumentSetting("relevant:1", vs_full_pts=-9.0, interval=(-15.0, -3.7), speedup=3.9, n=300)),
+}
+
+
+def settings_for(model: str | None) -> ModelDocuments:
+    """Returns the model's measured settings (a packaged model's name or GGUF file name), else FALLBACK."""
+    from pc_cpu.models import MODELS
+
+    if model in TABLE:
+        return TABLE[model]
+    by_file = {m.file_name: name for name, m in MODELS.items()}
+    return TABLE.get(by_file.get(model or "", ""), FALLBACK)
+
+
+def setting(model: str | None, name: str) -> DocumentSetting:
+    """Returns the setting called `name` for `model`; raises naming the settings there are."""
+    if name not in SETTINGS:
+        raise PromptCacheError(f"setting={name!r} is not a setting for documents; use one of {', '.join(SETTINGS)}")
+    return getattr(settings_for(model), name)
+
+
+def advice(model: str | None) -> str | None:
+    """Returns one sentence offering the accurate setting when the fast one loses more than CLOSE_PTS, else None."""
+    measured = settings_for(model)
+    fast, accurate = measured.fast, measured.accurate
+    if fast.vs_full_pts is None or fast.vs_full_pts >= -CLOSE_PTS:
+        return None
+    return (f"on this model, cached documents answer {-fast.vs_full_pts:.1f} points below a full prefill "
+            f"(n = {fast.n}, bench/RESULTS.md); the 'accurate' setting is {accurate.describe()}")

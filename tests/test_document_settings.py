@@ -1,0 +1,45 @@
+"""pc_cpu.document_settings: named settings for questions over documents, per model, with what they lose."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu import document_settings as ds
+from pc_cpu.errors import PromptCacheError
+from pc_cpu.models import MODELS
+from pc_cpu.pml.documents import ORDERS, check_document_policy
+from pc_cpu.pml.recompute import parse_policy
+
+
+def test_every_measured_setting_is_a_packaged_model_s_and_a_policy_documents_take():
+    for name, measured in ds.TABLE.items():
+        assert name in MODELS
+        for setting in (measured.fast, measured.accurate):
+            check_document_policy(parse_policy(setting.recompute))
+            assert setting.order in ORDERS and setting.n >= 300
+            low, high = setting.interval
+            assert low <= setting.vs_full_pts <= high and setting.speedup > 0
+        assert measured.fast.recompute == "0" and measured.fast.order == "given"  # the default ask path
+        assert measured.accurate.vs_full_pts >= measured.fast.vs_full_pts  # the accurate one loses less
+
+
+def test_a_model_is_found_by_name_or_file_and_an_unknown_one_gets_the_fallback():
+    qwen = MODELS["qwen2.5-coder-0.5b"]
+    assert ds.settings_for(qwen.name) is ds.settings_for(qwen.file_name) is ds.TABLE[qwen.name]
+    assert ds.settings_for("my-own.gguf") is ds.FALLBACK and ds.settings_for(None) is ds.FALLBACK
+    assert ds.setting("my-own.gguf", "accurate").recompute == "relevant:1"
+    with pytest.raises(PromptCacheError, match="setting='best' is not a setting for documents; use one of fast, "
+                                               "accurate"):
+        ds.setting(qwen.name, "best")
+
+
+def test_advice_offers_the_accurate_setting_only_where_the_fast_one_loses_more_than_noise(monkeypatch):
+    assert ds.advice("my-own.gguf") is None  # nothing measured: nothing claimed
+    qwen = ds.TABLE["qwen2.5-coder-0.5b"]
+    text = ds.advice("qwen2.5-coder-0.5b")
+    assert f"{-qwen.fast.vs_full_pts:.1f} points below a full prefill" in text
+    assert "'accurate' setting is relevant:1" in text and f"{qwen.accurate.speedup:.1f}x" in text
+    close = ds.ModelDocuments(ds.DocumentSetting("0", vs_full_pts=-1.0, interval=(-4, 2), speedup=20, n=300),
+                              ds.FALLBACK.accurate)
+    monkeypatch.setitem(ds.TABLE, "test-close", close)
+    assert ds.advice("test-close") is None
