@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pc_cpu.document_settings import setting
 from pc_cpu.engine.documents import DocumentWork, Piece
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
@@ -253,12 +254,14 @@ def test_order_places_the_question_s_document_and_the_baseline_prefills_the_same
 def test_a_setting_by_name_asks_with_its_policy_and_refuses_a_policy_beside_it(cache_with_store):
     cache = cache_with_store()
     ids = [cache.add_document(text) for text in (FUJI, PARIS, NILE)]
-    # The tiny model is not in pc_cpu.document_settings: "accurate" is the fallback's relevant:1.
+    # The model's own measured setting; the tiny model is not in the table and gets the fallback's relevant:1.
+    chosen = setting(cache.model.path.name, "accurate")
     accurate = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate")
-    relevant = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute="relevant:1")
+    explicit = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute=chosen.recompute, order=chosen.order)
     fast = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="fast")
-    assert accurate.uncached_tokens == relevant.uncached_tokens > fast.uncached_tokens
-    assert accurate.token_ids == relevant.token_ids
+    assert accurate.uncached_tokens == explicit.uncached_tokens and accurate.token_ids == explicit.token_ids
+    if chosen.recompute == "relevant:1":  # PARIS, the second document, is computed again
+        assert accurate.uncached_tokens > fast.uncached_tokens
     assert fast.token_ids == cache.ask(QUESTION, documents=ids, max_tokens=3).token_ids
     with pytest.raises(PromptCacheError, match="give either setting or recompute/order, not both"):
         cache.ask(QUESTION, documents=ids, setting="accurate", recompute="tail:4")
