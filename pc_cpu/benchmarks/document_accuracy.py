@@ -23,16 +23,15 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pc_cpu.benchmarks.documents import SYSTEM as NQ_SYSTEM  # as `bench documents rag` asks
+from pc_cpu.benchmarks.documents import correct, passage_text
 from pc_cpu.benchmarks.evaldata import DocItem, KVItem, doc_items, kv_items, load_kv, load_nq
 from pc_cpu.benchmarks.intervals import discordant, paired_difference
 from pc_cpu.benchmarks.prompts import KV_SYSTEM
-from pc_cpu.benchmarks.scoring import normalize_answer
-
-NQ_SYSTEM = "Answer the question from the documents, in a few words."  # as `bench documents rag` asks
 FULL = "full prefill"  # the policy field of a baseline record
 SPLITS = ("odd", "even", "all")
 TASKS = ("nq", "kv")
@@ -84,7 +83,7 @@ def questions(task: str, split: str, n: int, docs: int) -> list[Question]:
 
 
 def _nq_question(item: DocItem) -> Question:
-    texts = tuple(f"{p.title}: {p.text}" for p in item.passages)
+    texts = tuple(passage_text(p) for p in item.passages)
     return Question(item.index, NQ_SYSTEM, texts, item.question, item.answers, item.gold_index)
 
 
@@ -92,12 +91,6 @@ def _kv_question(item: KVItem) -> Question:
     texts = tuple(f'"{k}": "{v}"' for k, v in item.pairs)
     return Question(item.index, KV_SYSTEM, texts, f'Key: "{item.key}"\nCorresponding value:', (item.value,),
                     item.gold_index)
-
-
-def correct(text: str, answers: Iterable[str]) -> bool:
-    """Returns whether a normalized accepted answer is a substring of the normalized output (best_subspan_em)."""
-    norm = normalize_answer(text)
-    return any(normalize_answer(a) in norm for a in answers)
 
 
 def read_records(path: Path) -> list[dict]:
