@@ -28,7 +28,7 @@ from pc_cpu.benchmarks.documents import SYSTEM, correct, passage_text
 from pc_cpu.benchmarks.evaldata import doc_items, load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
 from pc_cpu.engine import documents as engine_documents
-from pc_cpu.store import state_blob
+from pc_cpu.kvstate import state_blob
 
 F16 = 1  # ggml type id
 

@@ -21,7 +21,7 @@ from pc_cpu.engine.encoder import compute_in_library
 from pc_cpu.pml.encoding import EncodeJob
 from pc_cpu.pml.layout import Run
 from pc_cpu.pml.documents import preamble_tokens, document_tokens
-from pc_cpu.store import state_blob, parts
+from pc_cpu.kvstate import state_blob, parts
 from pc_cpu.store.entry import Entry
 from tests.engine.test_documents import cached_logits, prefill_logits, _prompt
 from tests.engine.test_gemma import lamps

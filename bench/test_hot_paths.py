@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("pytest_benchmark")
 
 from pc_cpu.cache import PROMPT_SEQ  # noqa: E402
-from pc_cpu.store import native, state_blob  # noqa: E402
+from pc_cpu.kvstate import native, state_blob  # noqa: E402
 
 DOC = "The lighthouse keeper climbed the spiral stairs at dusk, trimmed the wick and wrote the weather down. "
 

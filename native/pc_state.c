@@ -1,6 +1,6 @@
 /* pc_state.c — parsing and scanning sequence-state blobs (format: pc_state.h).
  *
- * The check order here is mirrored line by line in pc_cpu/store/state_blob.py, so both
+ * The check order here is mirrored line by line in pc_cpu/kvstate/state_blob.py, so both
  * implementations report the same pc_status for the same bytes. */
 #include "pc_blob.h"
 

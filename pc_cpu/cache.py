@@ -59,7 +59,7 @@ from pc_cpu.store.documents import (DEFAULT_MAX_DOCUMENTS, Document, DocumentLib
                                     document_label)
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.store.state_blob import RopeParams
+from pc_cpu.kvstate.state_blob import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)
@@ -645,7 +645,7 @@ def _check_cancel(cancel: threading.Event | None, what: str, outcome: str,
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
     """Returns the RoPE of each KV cache in a saved state (moved cells are relocated with them), or None.
 
-    None, for a RoPE the relocator does not know (pc_cpu.store.state_blob.RopeMode) or a
+    None, for a RoPE the relocator does not know (pc_cpu.kvstate.state_blob.RopeMode) or a
     sliding-window architecture whose second base was not checked: cells are moved with
     llama.cpp's seq_add instead (pc_cpu.engine.documents, pc_cpu.engine.relocate.copy_moved).
     """

@@ -114,7 +114,7 @@ def packaged_cache(request):
 
 def cell_positions(ctx, seq: int, end: int, probe: int | None = None) -> list[int]:
     """Returns the positions < end at which `seq` holds a cell (those of its first KV cache), read from its state."""
-    from pc_cpu.store import state_blob
+    from pc_cpu.kvstate import state_blob
 
     if ctx.seq_pos_max(seq) < 0:
         return []

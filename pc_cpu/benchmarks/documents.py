@@ -39,7 +39,7 @@ from pc_cpu.engine.documents import DocumentWork
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
-from pc_cpu.store import native, state_blob
+from pc_cpu.kvstate import native, state_blob
 
 SYSTEM = "Answer the question from the documents, in a few words."
 

@@ -9,7 +9,7 @@ context cells: nothing of it is resident until a prompt uses it.
 A prompt is then assembled from bytes alone (`prefill`): the preamble's blob and
 each document's, moved to the position the prompt gives it (positions rewritten,
 K re-rotated) and joined into one blob in position order by one pass of the C
-library (pc_state_assemble, pc_cpu.store.native), then restored into the prompt's
+library (pc_state_assemble, pc_cpu.kvstate.native), then restored into the prompt's
 empty stream with one state_set. The question is then computed there. A document used at its home
 (the first one) is not moved at all, so its cells are exactly the encoded ones.
 `pc-cpu bench documents relocation` measures this against llama.cpp's own seq_add on a private
@@ -31,11 +31,11 @@ from pc_cpu.engine.relocate import BLOBS, relocate_blob, scan_blob, splice_blobs
 from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
-from pc_cpu.store import parts, state_blob
+from pc_cpu.kvstate import parts, state_blob
 from pc_cpu.store.documents import document_label
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
-from pc_cpu.store.state_blob import RopeParams
+from pc_cpu.kvstate.state_blob import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, home_jobs, home_scaffold_job,
                                  scaffold_job)
 from pc_cpu.pml.layout import Layout
-from pc_cpu.store import state_blob
+from pc_cpu.kvstate import state_blob
 from pc_cpu.store.resident import ResidentTier
 
 OnComputed = Callable[[int], None]  # receives the number of an encoding's tokens one decode batch computed

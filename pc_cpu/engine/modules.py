@@ -24,11 +24,11 @@ from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
                                  encoding_runs, home_jobs, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
-from pc_cpu.store import parts, state_blob
+from pc_cpu.kvstate import parts, state_blob
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.store.state_blob import RopeParams
+from pc_cpu.kvstate.state_blob import RopeParams
 from pc_cpu.store.tiers import Hit, TieredStore
 
 log = logging.getLogger(__name__)

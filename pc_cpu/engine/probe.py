@@ -29,7 +29,7 @@ from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.model import Model
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
-from pc_cpu.store import state_blob
+from pc_cpu.kvstate import state_blob
 from pc_cpu.store.disk import cache_dir
 
 PROBE_LAYERS = 2  # layer 0's K/V depend only on the token and its position; layer 1 is the first that differs

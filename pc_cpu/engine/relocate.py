@@ -1,7 +1,7 @@
 """Moves saved cells to other positions: positions rewritten and K re-rotated for RoPE.
 
 Two ways, measured against each other by `pc-cpu bench documents relocation` (bench/RESULTS.md):
-- the C relocator (pc_cpu.store.native, numpy twin in state_blob) rewrites a state
+- the C relocator (pc_cpu.kvstate.native, numpy twin in state_blob) rewrites a state
   blob's bytes: ~4x faster than llama.cpp's way, and the hot path (a document prompt
   moves and splices its blobs in one pass of it: DocumentEncoder._assembled);
 - llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:
@@ -12,8 +12,8 @@ Two ways, measured against each other by `pc-cpu bench documents relocation` (be
 from __future__ import annotations
 
 from pc_cpu.engine.context import Context
-from pc_cpu.store import native, state_blob
-from pc_cpu.store.state_blob import BlobLike, RopeParams
+from pc_cpu.kvstate import native, state_blob
+from pc_cpu.kvstate.state_blob import BlobLike, RopeParams
 
 # The C library when it is built, else its numpy twin (same bytes): scan, splice, relocate.
 BLOBS = native if native.available() else state_blob

@@ -32,8 +32,8 @@ from dataclasses import replace
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
-from pc_cpu.store import state_blob
-from pc_cpu.store.state_blob import STREAM_COUNT_OFFSET
+from pc_cpu.kvstate import state_blob
+from pc_cpu.kvstate.state_blob import STREAM_COUNT_OFFSET
 
 
 def split_tail(plan: Plan) -> tuple[Plan, tuple[DecodeTokens, ...]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pc_cpu.errors import CorruptEntryError, StateBlobError
-from pc_cpu.store import parts, state_blob
+from pc_cpu.kvstate import parts, state_blob
 from pc_cpu.store.entry import Entry
 
 REASON = "cells"  # CorruptEntryError.reason of every failure here, as `store verify` lists it

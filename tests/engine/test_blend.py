@@ -11,7 +11,7 @@ from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.engine.blend import batches, contiguous_runs, deviation, runs_by_module
 from pc_cpu.engine.probe import PROBE_LAYERS, Probe
 from pc_cpu.errors import PromptCacheError
-from pc_cpu.store import state_blob
+from pc_cpu.kvstate import state_blob
 from tests.conftest import cell_positions
 from tests.engine.test_recompute import DOCS, GAP_FREE
 from tests.tiny_gguf import write_tiny_llama_gguf

@@ -7,7 +7,7 @@ import pytest
 
 from pc_cpu.engine.encoder import compute_in_library, compute_in_workspace, compute_scaffold_in_library
 from pc_cpu.pml.encoding import encode_jobs, encoding_keys, scaffold_job, scaffold_key
-from pc_cpu.store import state_blob
+from pc_cpu.kvstate import state_blob
 from tests.engine.test_determinism import prompt_logits
 
 SYSTEM = "<system>You answer from the notes.</system>"

@@ -11,7 +11,7 @@ from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError,
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
                                   with_recompute)
 from pc_cpu.pml.recompute import parse_policy
-from pc_cpu.store import native, state_blob
+from pc_cpu.kvstate import native, state_blob
 from tests.engine.test_scaffold import layer0_keys
 
 PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."

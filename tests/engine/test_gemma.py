@@ -55,7 +55,7 @@ def test_layer_values_read_every_cell_through_the_sliding_window():
     from pc_cpu import PromptCache
     from pc_cpu.cache import PROMPT_SEQ
     from pc_cpu.engine.probe import layer_values
-    from pc_cpu.store import state_blob
+    from pc_cpu.kvstate import state_blob
 
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
         cache.load_schema(SCHEMA)
@@ -134,7 +134,7 @@ LONG = ('<schema name="long">Answer from the document.\n<module name="doc">'
 
 def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(tmp_path):
     from pc_cpu.engine.probe import layer_values
-    from pc_cpu.store import parts
+    from pc_cpu.kvstate import parts
 
     with gemma(store=tmp_path) as first:
         first.load_schema(LONG)

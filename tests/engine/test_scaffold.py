@@ -9,7 +9,7 @@ from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.errors import PromptError, SchemaError
 from pc_cpu.pml.encoding import scaffold_key
 from pc_cpu.pml.plan import CopyCells, DecodeTokens
-from pc_cpu.store.state_blob import _layout_parse
+from pc_cpu.kvstate.state_blob import _layout_parse
 from tests.conftest import batched_prefill_logits, prefill_logits
 from tests.conftest import cell_positions
 
@@ -217,7 +217,7 @@ def test_scaffold_member_with_params_needs_explicit_imports(make_cache):
 def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
     # The runs are pinned as they are computed and then moved: the pin must follow them, and
     # must not keep a cell at a position where a run was only computed.
-    from pc_cpu.store import state_blob
+    from pc_cpu.kvstate import state_blob
 
     cache = make_cache()
     cache.load_schema(GAPPED)

@@ -135,7 +135,7 @@ def test_evict_frees_the_context_and_the_next_prompt_restores_from_ram(make_cach
 
 def pinned_cells(cache) -> int:
     """Returns how many cells the pin sequence holds (every resident cell, and nothing else)."""
-    from pc_cpu.store import state_blob
+    from pc_cpu.kvstate import state_blob
 
     if cache.ctx.seq_pos_max(cache.modules.pin) < 0:
         return 0

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from pc_cpu.errors import StateBlobError
-from pc_cpu.store import native, state_blob
-from pc_cpu.store.state_blob import RopeMode, RopeParams
+from pc_cpu.kvstate import native, state_blob
+from pc_cpu.kvstate.state_blob import RopeMode, RopeParams
 
 MAGIC = 0xAF143CD8
 GGML_F32, GGML_F16 = 0, 1
@@ -36,7 +36,7 @@ IMPLS = [pytest.param(state_blob, id="numpy"),
 
 @pytest.fixture(params=IMPLS)
 def impl(request):
-    """pc_cpu.store.state_blob or pc_cpu.store.native: same functions, same results."""
+    """pc_cpu.kvstate.state_blob or pc_cpu.kvstate.native: same functions, same results."""
     return request.param
 
 

@@ -7,7 +7,7 @@ import importlib.metadata
 
 import pytest
 
-from pc_cpu.store import native
+from pc_cpu.kvstate import native
 
 
 def test_installed_package_ships_a_loadable_native_library():

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pc_cpu.store import native, state_blob
+from pc_cpu.kvstate import native, state_blob
 
 from .conftest import BlobSpec, make_blob, outcome
 

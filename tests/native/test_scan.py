@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import StateBlobError
-from pc_cpu.store import native, state_blob
-from pc_cpu.store.state_blob import StateBlobInfo
+from pc_cpu.kvstate import native, state_blob
+from pc_cpu.kvstate.state_blob import StateBlobInfo
 
 from .conftest import GGML_F16, GGML_F32, BlobSpec, make_blob
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pc_cpu.errors import StateBlobError
-from pc_cpu.store import native, state_blob
+from pc_cpu.kvstate import native, state_blob
 
 from .conftest import SUFFIX, BlobSpec, make_blob
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pc_cpu.store import state_blob
+from pc_cpu.kvstate import state_blob
 from tests.native.conftest import BlobSpec, make_blob
 
 

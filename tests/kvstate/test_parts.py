@@ -1,11 +1,11 @@
-"""Tests of the payload framing of encodings saved in several state blobs (pc_cpu.store.parts)."""
+"""Tests of the payload framing of encodings saved in several state blobs (pc_cpu.kvstate.parts)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pc_cpu.errors import StateBlobError
-from pc_cpu.store import parts
+from pc_cpu.kvstate import parts
 
 
 def test_one_blob_is_stored_unframed_so_older_payloads_read_the_same():

@@ -1,4 +1,4 @@
-"""ctypes binding to libpc_native, the C twin of :mod:`pc_cpu.store.state_blob`.
+"""ctypes binding to libpc_native, the C twin of :mod:`pc_cpu.kvstate.state_blob`.
 
 The library is looked for next to the package's modules (``pc_cpu/libpc_native.so``,
 ``.dylib`` or ``pc_native.dll``; scikit-build installs it there). When it is absent or
@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from pc_cpu.errors import StateBlobError
-from pc_cpu.store.state_blob import BlobLike, RopeParams, StateBlobInfo
+from pc_cpu.kvstate.state_blob import BlobLike, RopeParams, StateBlobInfo
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def available() -> bool:
 def _require() -> ctypes.CDLL:
     lib = _lib()
     if lib is None:
-        raise StateBlobError("pc_native is not available; use pc_cpu.store.state_blob",
+        raise StateBlobError("pc_native is not available; use pc_cpu.kvstate.state_blob",
                              code="unsupported")
     return lib
 
@@ -189,7 +189,7 @@ def _pointer(blob: BlobLike) -> tuple[np.ndarray, ctypes.POINTER]:
 
 
 def scan(blob: BlobLike) -> StateBlobInfo:
-    """Validates a blob and describes it; see :func:`pc_cpu.store.state_blob.scan`."""
+    """Validates a blob and describes it; see :func:`pc_cpu.kvstate.state_blob.scan`."""
     lib = _require()
     arr, ptr = _pointer(blob)
     info = _Info()
@@ -219,7 +219,7 @@ def _splice_error(lib: ctypes.CDLL, status: int, blobs: Sequence[BlobLike]) -> S
 
 
 def splice_size(blobs: Sequence[BlobLike]) -> int:
-    """Bytes of ``splice(blobs)``; see :func:`pc_cpu.store.state_blob.splice_size`."""
+    """Bytes of ``splice(blobs)``; see :func:`pc_cpu.kvstate.state_blob.splice_size`."""
     lib = _require()
     arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
     need = ctypes.c_size_t(0)
@@ -230,14 +230,14 @@ def splice_size(blobs: Sequence[BlobLike]) -> int:
 
 
 def splice(blobs: Sequence[BlobLike]) -> bytearray:
-    """Merges blobs into one restore blob; see :func:`pc_cpu.store.state_blob.splice`."""
+    """Merges blobs into one restore blob; see :func:`pc_cpu.kvstate.state_blob.splice`."""
     out = bytearray(splice_size(blobs))
     splice_into(blobs, out)
     return out
 
 
 def splice_into(blobs: Sequence[BlobLike], out: bytearray | memoryview) -> int:
-    """Splices into a caller's buffer; see :func:`pc_cpu.store.state_blob.splice_into`."""
+    """Splices into a caller's buffer; see :func:`pc_cpu.kvstate.state_blob.splice_into`."""
     lib = _require()
     arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
     try:
@@ -266,7 +266,7 @@ def _rope_struct(rope: RopeParams) -> _Rope:
 
 
 def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> bytearray:
-    """Moves a blob's cells by delta; see :func:`pc_cpu.store.state_blob.relocate`."""
+    """Moves a blob's cells by delta; see :func:`pc_cpu.kvstate.state_blob.relocate`."""
     lib = _require()
     if not _INT32[0] <= delta <= _INT32[1]:
         raise StateBlobError(f"cannot relocate: delta {delta} is not an int32", code="argument")
@@ -290,7 +290,7 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
 
 def assemble(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
              n_stream: int) -> bytearray:
-    """Moves and splices blobs into one restore blob; see :func:`pc_cpu.store.state_blob.assemble`."""
+    """Moves and splices blobs into one restore blob; see :func:`pc_cpu.kvstate.state_blob.assemble`."""
     need = _assemble(blobs, deltas, rope, n_stream, None)
     out = bytearray(need)
     _assemble(blobs, deltas, rope, n_stream, out)

@@ -2,7 +2,7 @@
 
 A blob is what ``llama_state_seq_get_data`` returns for one sequence; its byte format is
 described in ``native/pc_state.h``. This module is the reference that the C library
-(``pc_cpu.store.native``) must match byte for byte: both check in the same order
+(``pc_cpu.kvstate.native``) must match byte for byte: both check in the same order
 (``native/pc_state.c``, ``pc_splice.c``, ``pc_relocate.c``), so for any input they either
 return the same bytes or raise :class:`StateBlobError` with the same ``code``.
 
