@@ -42,7 +42,7 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
     stored, _ = pc._documents.document_blob(pre, long, tokens)
     home = len(pre)
     job = EncodeJob("long", Run(home, tokens), pre)
-    blobs = compute_in_library(pc.ctx, job, scratch=pc.scratch_seq, hold=pc.modules.hold)
+    blobs = compute_in_library(pc.ctx, job, scratch=pc.roles.scratch, hold=pc.modules.hold)
     whole = bytes(state_blob.splice(blobs))
     out["cells_stored_vs_whole"] = [state_blob.section_cells(stored), state_blob.section_cells(whole)]
     # the cells both hold must agree (same batches), so the difference is only the missing ones

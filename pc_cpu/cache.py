@@ -35,6 +35,7 @@ from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
+from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
@@ -107,10 +108,7 @@ class PromptCache:
         """
         self.encoding = check_mode(encoding)
         check_max_documents(max_documents)  # before the model loads: a mistake fails fast
-        if not 1 <= parallel <= n_seq_max - 4:
-            raise PromptCacheError(f"parallel={parallel}: must be 1..n_seq_max-4 ({n_seq_max - 4}); "
-                                   "three sequences are the scratch, the pin and the hold, and at least one "
-                                   "holds modules")
+        roles = SequenceRoles.for_contexts(parallel, n_seq_max)  # before the model loads, too
         self.model = Model(resolve_model_path(model), verbose=verbose)
         n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
         config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
@@ -123,7 +121,7 @@ class PromptCache:
         try:
             # After the prompt slots: the encoders' workspace, then the one add_document computes in,
             # batch by batch between the scheduler's steps (so no other encoder may use it meanwhile).
-            self.prompts = open_prompt_streams(self.ctx, parallel + 2)
+            self.prompts = open_prompt_streams(self.ctx, roles.prompt_streams)
         except Exception:
             self.ctx.close()
             self.model.close()
@@ -131,10 +129,8 @@ class PromptCache:
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
         self._schemas: dict[str, LoadedSchema] = {}
-        # Sequence ids: prompt slots 0..parallel-1, then the scratch, the pin, and library sequences.
-        self.scratch_seq = parallel
-        hold = n_seq_max - 1  # holds what is computed in this context (pc_cpu.engine.encoder.compute_in_library)
-        self._resident = ResidentTier(list(range(parallel + 2, hold)))
+        self.roles = roles
+        self._resident = ResidentTier(list(roles.libraries))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
         disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
         self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None,
@@ -142,17 +138,17 @@ class PromptCache:
         self._document_tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
         self._document_tokens_lock = threading.Lock()
         ropes = _cache_ropes(self.model)
-        self._documents = DocumentEncoder(self.prompts, parallel, self.store, ropes)
-        self._adder = DocumentEncoder(self.prompts, parallel + 1, self.store, ropes)  # add_document's own
+        self._documents = DocumentEncoder(self.prompts, roles.workspace, self.store, ropes)
+        self._adder = DocumentEncoder(self.prompts, roles.adder, self.store, ropes)  # add_document's own
         self._adding = threading.Lock()  # one add_document (or schema precompute) at a time in the adder's stream
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
-        workspace = None if self.model.info.n_swa else Workspace(self.prompts, parallel)
+        workspace = None if self.model.info.n_swa else Workspace(self.prompts, roles.workspace)
         # load_schema computes modules here, giving way to running prompts between batches (_precompute).
-        self._adder_workspace = None if workspace is None else Workspace(self.prompts, parallel + 1)
-        self.modules = ModuleCache(self.ctx, self._resident, self.store, scratch=self.scratch_seq, pin=parallel + 1,
-                                   mode=self.encoding, workspace=workspace, hold=hold, rope=ropes)
+        self._adder_workspace = None if workspace is None else Workspace(self.prompts, roles.adder)
+        self.modules = ModuleCache(self.ctx, self._resident, self.store, roles, mode=self.encoding, workspace=workspace,
+                                   rope=ropes)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
-        self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, list(range(parallel)), self._lock,
+        self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, roles, self._lock,
                                     batch_invariant=batch_invariant)
 
     # --- lifecycle ----------------------------------------------------------
@@ -593,7 +589,7 @@ class PromptCache:
         if self._scheduler.blender is None:
             probe = Probe(self.model, n_ctx=self.ctx.n_ctx, threads=self.ctx.threads,
                           flash_attn=self.ctx.config.flash_attn)
-            self._scheduler.blender = Blender(self.ctx, probe, self._resident.idle_seqs, self.scratch_seq)
+            self._scheduler.blender = Blender(self.ctx, probe, self._resident.idle_seqs, self.roles.scratch)
         return self._scheduler.blender
 
     def _load_attached_schema(self, prompt_pml) -> None:

@@ -312,7 +312,7 @@ def paired(moved, placed, full) -> dict:
 
 def seq_add_assemble(pc, pieces) -> None:
     """Builds prompt stream 0 from the pieces with llama.cpp's seq_add on private copies in the library."""
-    ctx, scratch, staging = pc.ctx, pc.scratch_seq, 0
+    ctx, scratch, staging = pc.ctx, pc.roles.scratch, 0
     ctx.seq_rm(staging)
     for piece in pieces:
         info = state_blob.scan(piece.blob)

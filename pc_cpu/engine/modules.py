@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.encoder import Workspace, compute_in_workspace, encode_key, encode_key_at_home, pin_cells
 from pc_cpu.engine.relocate import relocate_blob, scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
@@ -57,16 +58,15 @@ class Placed:
 class ModuleCache:
     """Makes encodings resident on demand; one instance per context."""
 
-    def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, *, scratch: int, pin: int,
-                 mode: str, hold: int, workspace: Workspace | None = None,
-                 rope: tuple[RopeParams, ...] | None = None):
+    def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, roles: SequenceRoles, *,
+                 mode: str, workspace: Workspace | None = None, rope: tuple[RopeParams, ...] | None = None):
         self.ctx = ctx
         self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
-        self.hold = hold  # holds what is computed at home in this context (encoder.compute_in_library)
+        self.hold = roles.hold  # holds what is computed at home in this context (encoder.compute_in_library)
         self.resident = resident
         self.store = store
-        self.scratch = scratch
-        self.pin = pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
+        self.scratch = roles.scratch
+        self.pin = roles.pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
         self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
         # Encodings are computed at their home and moved into place (pml.encoding.home_shift) when the

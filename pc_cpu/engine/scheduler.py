@@ -39,6 +39,7 @@ from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
 from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.relocate import copy_moved
 from pc_cpu.engine.sampler import Sampler, SamplingParams
 from pc_cpu.engine.streams import full_prefill, move_to_stream, split_tail
@@ -248,12 +249,12 @@ def prefill_slot(ctx: Context, modules: ModuleCache, layout: Layout, plan: Plan,
 class Scheduler:
     """Admits, batches and retires the requests of one context; one worker thread does the llama.cpp calls."""
 
-    def __init__(self, ctx: Context, prompts: Context, modules: ModuleCache, slots: list[int], lock: FairLock,
+    def __init__(self, ctx: Context, prompts: Context, modules: ModuleCache, roles: SequenceRoles, lock: FairLock,
                  *, batch_invariant: bool = True):
         self.ctx = ctx  # the library context: where prompts are assembled (slot i stages stream i)
         self.prompts = prompts  # one stream per slot: where prompts are finished and generated
         self.modules = modules
-        self._free = list(reversed(slots))  # pop() hands out the lowest slot first
+        self._free = list(reversed(roles.slots))  # pop() hands out the lowest slot first
         # What each free slot's stream still holds from its last prompt (PromptWork.head), for reuse.
         self._held: dict[int, tuple[tuple, int]] = {}
         self._lock = lock  # the PromptCache's: schema loading waits between steps

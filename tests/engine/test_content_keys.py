@@ -134,7 +134,7 @@ def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(m
     if cache.modules.workspace is not None:
         in_place = compute_in_workspace(cache.ctx, job, cache.modules.workspace)
     else:  # sliding-window models compute in the library context, in whole-state spans
-        in_place = state_blob.splice(compute_in_library(cache.ctx, job, scratch=cache.scratch_seq,
+        in_place = state_blob.splice(compute_in_library(cache.ctx, job, scratch=cache.roles.scratch,
                                                         hold=cache.modules.hold))
     moved = resident_state(cache, cache.modules.sequence_of(layout, "n2"), [job.run])
     check_moved_cells(moved, in_place, list(range(job.run.start, job.run.end)))
@@ -144,10 +144,10 @@ def resident_state(cache, library: int, runs) -> bytes:
     """Returns the state bytes of `library`'s cells in `runs`."""
     try:
         for run in runs:
-            cache.ctx.seq_cp(library, cache.scratch_seq, run.start, run.end)
-        return cache.ctx.state_get(cache.scratch_seq)
+            cache.ctx.seq_cp(library, cache.roles.scratch, run.start, run.end)
+        return cache.ctx.state_get(cache.roles.scratch)
     finally:
-        cache.ctx.seq_rm(cache.scratch_seq)
+        cache.ctx.seq_rm(cache.roles.scratch)
 
 
 def check_moved_cells(moved, in_place, positions: list[int]) -> None:
@@ -206,6 +206,6 @@ def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place
     job = scaffold_job(layout, "both", cache.encoding)  # in place: the context right before the first run
     assert len(job.runs) == 2  # a gap between them
     in_place = state_blob.splice(compute_scaffold_in_library(cache.ctx, job, cache.modules.rope,
-                                                             scratch=cache.scratch_seq, hold=cache.modules.hold))
+                                                             scratch=cache.roles.scratch, hold=cache.modules.hold))
     moved = resident_state(cache, cache.modules.sequence_of(layout, key), job.runs)
     check_moved_cells(moved, in_place, [p for run in job.runs for p in range(run.start, run.end)])

@@ -62,7 +62,7 @@ def test_layer_values_read_every_cell_through_the_sliding_window():
         plan = cache.plan(PROMPT)
         cache.ctx.decode(plan.tokens, range(len(plan.tokens)), PROMPT_SEQ)  # a full prefill in the library context
         saved = state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), 1, section=1)
-        pos, k, v = layer_values(cache.ctx, PROMPT_SEQ, (1, 1), cache.scratch_seq)
+        pos, k, v = layer_values(cache.ctx, PROMPT_SEQ, (1, 1), cache.roles.scratch)
         cache.ctx.seq_rm(PROMPT_SEQ)
     assert len(saved[0]) <= cache.model.info.n_swa < plan.end  # the state alone leaves the older cells out
     assert sorted(pos.tolist()) == list(range(plan.end))
@@ -92,7 +92,7 @@ def all_cells(cache, seq: int) -> list[int]:
     """Returns the positions of `seq`'s cells in the first sliding-window layer, read window by window."""
     from pc_cpu.engine.probe import layer_values
 
-    return sorted(layer_values(cache.ctx, seq, (1, 0), cache.scratch_seq)[0].tolist())
+    return sorted(layer_values(cache.ctx, seq, (1, 0), cache.roles.scratch)[0].tolist())
 
 
 def test_library_cells_survive_encoding_in_the_sliding_window_cache():
@@ -141,14 +141,14 @@ def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(t
         module = first.layout("long").modules["doc"]
         assert module.end - module.start > first.model.info.n_swa
         library = first.modules.sequence_of(first.layout("long"), "doc")
-        encoded = layer_values(first.ctx, library, (1, 0), first.scratch_seq)
+        encoded = layer_values(first.ctx, library, (1, 0), first.roles.scratch)
         (entry,) = [first.store.tiers[0].get(key) for key in first.store.tiers[0].keys() if key.label == "long/doc"]
         assert len(parts.unpack(entry.payload)) > 2
     with gemma(store=tmp_path) as second:
         second.load_schema(LONG)
         assert second.modules.encoded == 0
         library = second.modules.sequence_of(second.layout("long"), "doc")
-        restored = layer_values(second.ctx, library, (1, 0), second.scratch_seq)
+        restored = layer_values(second.ctx, library, (1, 0), second.roles.scratch)
     assert sorted(restored[0].tolist()) == list(range(module.end))  # the preamble's cells and every one of doc's
     order = [np.argsort(column[0]) for column in (encoded, restored)]
     for e, r in zip(encoded, restored):
@@ -162,9 +162,9 @@ def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, cap
         first.load_schema(LONG)
         module = first.layout("long").modules["doc"]
         library = first.modules.sequence_of(first.layout("long"), "doc")
-        first.ctx.seq_cp(library, first.scratch_seq, module.start, module.end)
-        whole = first.ctx.state_get(first.scratch_seq)  # how pc_cpu saved it before: llama.cpp drops old cells
-        first.ctx.seq_rm(first.scratch_seq)
+        first.ctx.seq_cp(library, first.roles.scratch, module.start, module.end)
+        whole = first.ctx.state_get(first.roles.scratch)  # how pc_cpu saved it before: llama.cpp drops old cells
+        first.ctx.seq_rm(first.roles.scratch)
         for tier in first.store.tiers:
             for key in [k for k in tier.keys() if k.label == "long/doc"]:
                 old = tier.get(key)
