@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from pc_cpu.kvstate import native, state_blob
-from pc_cpu.kvstate.state_blob import RopeMode, RopeParams
+from pc_cpu.kvstate.rope import RopeMode, RopeParams
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_BATCH = 512

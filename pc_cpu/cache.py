@@ -60,7 +60,7 @@ from pc_cpu.store.documents import (DEFAULT_MAX_DOCUMENTS, Document, DocumentLib
                                     document_label)
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.kvstate.state_blob import RopeParams
+from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)

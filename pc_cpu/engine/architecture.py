@@ -6,7 +6,7 @@ Modular caching rests on three facts about the model, all read from llama.cpp's 
   position range (partial `seq_cp`). A recurrent state (Mamba, RWKV) summarizes a whole sequence
   in one cell, and a hybrid (Jamba, LFM2, Granite 4 H) has such layers beside attention;
 - it is a causal decoder: an encoder (T5) or a diffusion model does not decode left to right;
-- positions enter through RoPE of a kind the relocator knows (pc_cpu.kvstate.state_blob.RopeMode):
+- positions enter through RoPE of a kind the relocator knows (pc_cpu.kvstate.rope.RopeMode):
   moving cells to another position (llama.cpp's K-shift, or our relocation of saved bytes) is then
   an exact rotation. Without RoPE (absolute positions, ALiBi) nothing pc_cpu does with positions
   has been checked, and multi-section RoPE (M-RoPE, vision) rotates K by more than one position.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pc_cpu.kvstate.state_blob import RopeMode
+from pc_cpu.kvstate.rope import RopeMode
 
 # llama.cpp's enum llama_rope_type (include/llama.h)
 ROPE_TYPE_NAMES = {-1: "none", 0: "normal", 2: "neox", 8: "mrope", 24: "vision", 40: "imrope"}

@@ -35,7 +35,7 @@ from pc_cpu.kvstate import parts, state_blob
 from pc_cpu.store.documents import document_label
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
-from pc_cpu.kvstate.state_blob import RopeParams
+from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pc_cpu.engine import extra_buffers
 from pc_cpu.engine.architecture import ArchitectureFacts, refusal
 from pc_cpu.engine.log import set_llama_verbose
 from pc_cpu.errors import ModelError, ModelLoadError, UnsupportedModelError
-from pc_cpu.kvstate.state_blob import RopeMode, RopeParams
+from pc_cpu.kvstate.rope import RopeMode, RopeParams
 
 log = logging.getLogger(__name__)
 

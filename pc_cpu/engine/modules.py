@@ -29,7 +29,7 @@ from pc_cpu.kvstate import parts, state_blob
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.kvstate.state_blob import RopeParams
+from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import Hit, TieredStore
 
 log = logging.getLogger(__name__)

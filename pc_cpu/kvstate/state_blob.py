@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Sequence, Union
 
 import numpy as np
 
 from pc_cpu.errors import StateBlobError
+from pc_cpu.kvstate.rope import RopeMode, RopeParams
 
 BlobLike = Union[bytes, bytearray, memoryview]
 
@@ -37,28 +37,6 @@ GGML_TYPE_F16 = 1
 MAX_ROT = 1024           # rotated dims per head
 MAX_HEAD = 65536         # bound on n_head_kv and head_dim
 INT32_MAX = 2**31 - 1
-
-
-class RopeMode(IntEnum):
-    """RoPE variants, with llama.cpp's values (LLAMA_ROPE_TYPE_NORM / _NEOX)."""
-
-    NORMAL = 0  # rotates pairs (2i, 2i+1) of each head
-    NEOX = 2    # rotates pairs (i, i + n_rot/2) of each head
-
-
-@dataclass(frozen=True)
-class RopeParams:
-    """The RoPE of a model's K cache (YaRN and frequency factors are not supported).
-
-    Pair i of a head turns by ``pos * freq_base**(-2i/n_rot) * freq_scale``.
-    """
-
-    n_rot: int        # rotated dimensions per head: even, 0 < n_rot <= head_dim
-    mode: RopeMode
-    n_head_kv: int    # K heads per cell
-    head_dim: int     # elements per K head (n_embd_head_k)
-    freq_base: float
-    freq_scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import pytest
 
 from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate import native, state_blob
-from pc_cpu.kvstate.state_blob import RopeMode, RopeParams
+from pc_cpu.kvstate.rope import RopeMode, RopeParams
 
 MAGIC = 0xAF143CD8
 GGML_F32, GGML_F16 = 0, 1

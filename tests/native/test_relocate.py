@@ -9,7 +9,7 @@ import pytest
 
 from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate import native, state_blob
-from pc_cpu.kvstate.state_blob import RopeMode
+from pc_cpu.kvstate.rope import RopeMode
 
 from .conftest import GGML_F16, GGML_F32, BlobSpec, make_blob
 
