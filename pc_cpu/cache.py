@@ -27,24 +27,24 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from pc_cpu import document_settings
+from pc_cpu.documents import Documents
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
-from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.sampler import SamplingParams
-from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
-from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
+from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import (AddCancelledError, CancelledError, ContextBeyondTrainingError, ContextOverflowError,
-                           DocumentError, PromptCacheError, UnknownSchemaError)
+from pc_cpu.errors import (CancelledError, ContextBeyondTrainingError, ContextOverflowError, PromptCacheError,
+                           UnknownSchemaError)
+from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_document_policy, check_question, document_id,
-                                  document_tokens, has_text, layout_documents, order_documents, preamble_tokens,
-                                  tail_tokens, with_recompute)
+from pc_cpu.options import GenerationOptions
+from pc_cpu.pml.documents import DocumentPrompt, check_document_policy
 from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
@@ -53,14 +53,12 @@ from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.roles import markup_from_template
 from pc_cpu.pml.schema import Schema, parse_schema
-from pc_cpu.progress import ProgressCallback, ProgressTracker
+from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel, paced
 from pc_cpu.result import Result
 from pc_cpu.store.disk import DiskStore, default_store_dir
-from pc_cpu.store.documents import (DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, check_name,
-                                    document_label)
+from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, library_directory
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)
@@ -133,14 +131,12 @@ class PromptCache:
         self._resident = ResidentTier(list(roles.libraries))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
         disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
-        self.library = DocumentLibrary(disk.directory / "documents" if disk is not None else None,
-                                       max_documents=max_documents)
-        self._document_tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
-        self._document_tokens_lock = threading.Lock()
         ropes = _cache_ropes(self.model)
-        self._documents = DocumentEncoder(self.prompts, roles.workspace, self.store, ropes)
-        self._adder = DocumentEncoder(self.prompts, roles.adder, self.store, ropes)  # add_document's own
-        self._adding = threading.Lock()  # one add_document (or schema precompute) at a time in the adder's stream
+        self.documents = Documents(self.model, self.markup, self.prompts, roles, self.store, ropes,
+                                   library_dir=library_directory(disk) if disk is not None else None,
+                                   max_documents=max_documents)
+        # One add_document or schema precompute at a time computes in the adder's stream (roles.adder).
+        self._adding = threading.Lock()
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, roles.workspace)
         # load_schema computes modules here, giving way to running prompts between batches (_precompute).
@@ -219,7 +215,7 @@ class PromptCache:
         # the context for as long as it took (Scheduler.give_way), so a long schema does not stall them.
         for key in keys:
             started = time.perf_counter()
-            _check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
+            check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
             if self._schemas.get(layout.schema) is not loaded:
                 return  # unloaded or replaced meanwhile: its encodings are no longer wanted
             self._precompute(layout, key, tracker, cancel)
@@ -242,24 +238,17 @@ class PromptCache:
         if self._adder_workspace is None or self._lock.nested or not self._adding.acquire(blocking=False):
             return
         try:
-            after_batch = self._after_batch(lambda n: tracker.computed(key, n), lambda: _check_cancel(
-                cancel, f"loading schema {layout.schema!r}", "its caller went away"))
-            self.modules.precompute(layout, key, self._adder_workspace, on_computed=after_batch)
+            def report(n: int) -> None:
+                tracker.computed(key, n)
+                check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
+
+            self.modules.precompute(layout, key, self._adder_workspace, on_computed=self._paced(report))
         finally:
             self._adding.release()
 
-    def _after_batch(self, report: Callable[[int], None], check: Callable[[], None]) -> Callable[[int], None]:
-        """Returns what long encoding calls after each batch of n tokens: report, `check` (it raises to stop),
-        then give running prompts the context for as long as the batch took (Scheduler.give_way)."""
-        started = [time.perf_counter()]
-
-        def after_batch(n: int) -> None:
-            report(n)
-            check()
-            self._scheduler.give_way(time.perf_counter() - started[0])
-            started[0] = time.perf_counter()
-
-        return after_batch
+    def _paced(self, report: Callable[[int], None]) -> Callable[[int], None]:
+        """Returns the after-batch callback of a long encoding: `report`, then running prompts' turn (give_way)."""
+        return paced(report, self._scheduler.give_way)
 
     def unload_schema(self, name: str) -> None:
         """Drops a schema and frees its modules' cells."""
@@ -331,42 +320,52 @@ class PromptCache:
         layout = self._loaded(prompt.schema).layout
         return build_plan(layout, prompt, self.model, self.markup, parse_policy(recompute))
 
-    def generate(self, prompt_pml: str, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
-                 recompute: "str | float | RecomputePolicy | None" = None) -> Result:
-        """Returns the model's answer to a PML prompt, with timings and cache counts.
+    def generate(self, prompt: "str | Plan", options: GenerationOptions | None = None, **overrides) -> Result:
+        """Returns the model's answer to a PML prompt (or its Plan, from `plan`), with timings and cache counts.
 
+        Options (pc_cpu.options.GenerationOptions), as keywords or one GenerationOptions: max_tokens=256,
+        temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=(), use_cache=True, recompute=None.
         use_cache=False is the baseline: a full prefill of the identical tokens, through the same generator.
         recompute: which cached module tokens to compute again in this prompt, e.g. "tail:32" or "10%"
         (pc_cpu.pml.recompute); None keeps every cached cell, as in the paper.
         """
-        stream = self.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, stop=stop, use_cache=use_cache, recompute=recompute)
+        stream = self.stream(prompt, GenerationOptions.of(options, overrides, method="generate"))
         for _ in stream:
             pass
         return stream.result
 
-    def stream(self, prompt_pml: str, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
-               recompute: "str | float | RecomputePolicy | None" = None) -> "Stream":
+    def stream(self, prompt: "str | Plan", options: GenerationOptions | None = None, **overrides) -> "Stream":
         """Returns an iterator of text pieces as they are generated; `.result` is set when it ends.
 
+        Takes what `generate` takes. A Plan already carries its recompute policy: giving one again is refused.
         Safe to call from many threads: prompts run together, batched in one context.
         Closing the stream early cancels the prompt and frees its cells.
         """
         t0 = time.perf_counter()
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        sampling.validate()
-        if max_tokens < 1:
-            raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
+        options = GenerationOptions.of(options, overrides, method="stream")
+        sampling = _sampling(options)
         with self._lock:
-            plan = self.plan(prompt_pml, recompute=recompute)
+            plan = self._plan_of(prompt, options.recompute)
             loaded = self._loaded(plan.schema)
-            if plan.selected_tokens and use_cache:
+            if plan.selected_tokens and options.use_cache:
                 self._ensure_blender()
-        work = SchemaPrompt(plan, loaded.layout, use_cache, self.ctx, self.prompts, self.modules,
+        work = SchemaPrompt(plan, loaded.layout, options.use_cache, self.ctx, self.prompts, self.modules,
                             lambda: self._scheduler.blender)
-        return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
+        return self._submit(work, sampling, options, t0)
+
+    def _plan_of(self, prompt: "str | Plan", recompute) -> Plan:
+        """Returns the plan of a PML prompt, or the Plan given (made by `plan`, so a caller plans once)."""
+        if not isinstance(prompt, Plan):
+            return self.plan(prompt, recompute=recompute)
+        if recompute is not None:
+            raise PromptCacheError(f"recompute={recompute!r} was given with a Plan, which has its policy already; "
+                                   "give it to plan() instead")
+        self._loaded(prompt.schema)  # a plan of a schema unloaded since is refused by name
+        return prompt
+
+    def _submit(self, work, sampling: SamplingParams, options: GenerationOptions, t0: float) -> "Stream":
+        """Returns the Stream of a prompt handed to the scheduler."""
+        return Stream(self._scheduler.submit(Job(work, sampling, options.max_tokens, options.stop, t0)))
 
     # --- documents ------------------------------------------------------------
 
@@ -399,30 +398,9 @@ class PromptCache:
             DocumentLimitError: a name too long, or one name or one document more than the library takes.
             AddCancelledError: `cancel` was set before the encoding finished.
         """
-        check_name(name)  # first: the messages below show it
-        if not isinstance(text, str) or not has_text(text):
-            raise DocumentError(f"document {name or '(unnamed)'} is empty: {NO_TEXT}; give it some text")
-        self._documents.check_supported()
-        tokens = self.document_tokens(text)
-        preamble = preamble_tokens(system, self.model, self.markup)
-        room = self.ctx.n_ctx - len(preamble) - 1
-        if len(tokens) > room:
-            raise DocumentError(
-                f"document {name or document_id(text)} has {len(tokens)} tokens but a prompt holds {self.ctx.n_ctx} "
-                f"positions, {room} of them after the preamble and before one generated token; split the "
-                "document or raise n_ctx")
-        doc_id = document_id(text)
-        self.library.check_room(doc_id, name)  # before the encoding: a refusal should not cost minutes
-        tracker = ProgressTracker(name or doc_id, {doc_id: len(tokens)}, progress, kind="document")
-
+        new = self.documents.check_addable(text, name, system)  # before waiting for the stream: refusals come fast
         with self._adding, self._lock:
-            after_batch = self._after_batch(lambda n: tracker.computed(doc_id, n), lambda: _check_cancel(
-                cancel, f"adding document {name or doc_id}", "nothing was registered", AddCancelledError))
-            _, tier = self._adder.document_blob(preamble, doc_id, tokens, on_computed=after_batch)
-            self.library.add(doc_id, text, name)
-        if tier == TIER_ENCODED:
-            tracker.finished(doc_id)
-        return doc_id
+            return self.documents.add(new, pace=self._paced, progress=progress, cancel=cancel)
 
     def remove_document(self, id_or_name: str) -> None:
         """Forgets a document and deletes its encodings from every tier; other documents are untouched.
@@ -431,29 +409,25 @@ class PromptCache:
             UnknownDocumentError: nothing has this id or name.
         """
         with self._lock:
-            doc = self.library.resolve(id_or_name)
-            label = document_label(doc.id)
-            for tier in self.store.tiers:
-                for key in [k for k in tier.keys() if k.label == label]:
-                    tier.remove(key)
-            self.library.remove(doc.id)
-        with self._document_tokens_lock:
-            self._document_tokens.pop(doc.id, None)
+            self.documents.remove(id_or_name)
 
     def list_documents(self) -> list[Document]:
         """Returns every document of the library (id, text, names, added), oldest first."""
         return self.library.all()
 
-    def ask(self, question: str, *, documents: Sequence[str], system: str | None = None, max_tokens: int = 256,
-            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] = (),
-            use_cache: bool = True, recompute: "str | float | RecomputePolicy | None" = None,
-            order: str | None = None, setting: str | None = None) -> Result:
+    @property
+    def library(self) -> DocumentLibrary:
+        """Returns the document library (texts and names, beside the disk tier)."""
+        return self.documents.library
+
+    def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
+            system: str | None = None, order: str | None = None, setting: str | None = None, **overrides) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
-        the question is computed. use_cache=False is the baseline: a full prefill of the
-        identical tokens. Result.modules lists the document ids; Result.tiers says which
-        tier served each (and "#preamble" the system message's).
+        the question is computed. Generation options as for `generate`. use_cache=False is the
+        baseline: a full prefill of the identical tokens. Result.modules lists the document ids;
+        Result.tiers says which tier served each (and "#preamble" the system message's).
         recompute: which document tokens to compute again after the documents before them,
         as for `generate` ("tail:32", "10%", "relevant:1", "all"; not "select:"); see
         pc_cpu.pml.documents.with_recompute. Documents are encoded apart, and this buys back
@@ -464,38 +438,25 @@ class PromptCache:
         setting: "fast" or "accurate", a recompute policy and order measured on this model, by name
         (pc_cpu.document_settings, which also says what each loses); instead of recompute and order.
         """
-        stream = self.stream_ask(question, documents=documents, system=system, max_tokens=max_tokens,
-                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                                 use_cache=use_cache, recompute=recompute, order=order, setting=setting)
+        stream = self.stream_ask(question, GenerationOptions.of(options, overrides, method="ask"),
+                                 documents=documents, system=system, order=order, setting=setting)
         for _ in stream:
             pass
         return stream.result
 
-    def stream_ask(self, question: str, *, documents: Sequence[str], system: str | None = None,
-                   max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                   seed: int = 0, stop: Sequence[str] = (), use_cache: bool = True,
-                   recompute: "str | float | RecomputePolicy | None" = None, order: str | None = None,
-                   setting: str | None = None) -> "Stream":
+    def stream_ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
+                   system: str | None = None, order: str | None = None, setting: str | None = None,
+                   **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
-        recompute, order = self._document_setting(setting, recompute, order)
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        sampling.validate()
+        options = GenerationOptions.of(options, overrides, method="stream_ask")
+        recompute, order = self._document_setting(setting, options.recompute, order)
+        sampling = _sampling(options)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
-        if max_tokens < 1:
-            raise PromptCacheError(f"max_tokens={max_tokens}: must be at least 1")
-        if isinstance(documents, str):
-            raise DocumentError("documents must be a list of ids or names, not one string; e.g. documents=[id]")
-        if use_cache:
-            self._documents.check_supported()
         with self._lock:
-            docs = [self.library.resolve(d) for d in documents]
-        prompt = self.document_prompt(question, [doc.text for doc in docs], system=system, names=list(documents),
-                                      order=order)
-        if use_cache:
-            prompt = with_recompute(prompt, policy)
-        work = DocumentWork(prompt, self._documents, use_cache)
-        return Stream(self._scheduler.submit(Job(work, sampling, max_tokens, tuple(stop or ()), t0)))
+            work = self.documents.work(question, documents, system=system, order=order, policy=policy,
+                                       use_cache=options.use_cache)
+        return self._submit(work, sampling, options, t0)
 
     def _document_setting(self, setting: str | None, recompute, order: str | None) -> tuple:
         """Returns the (recompute, order) `ask` uses: the named setting's for this model, else the ones given."""
@@ -526,38 +487,16 @@ class PromptCache:
             PromptCacheError: an empty question.
             ContextOverflowError: the prompt and one answer token need more positions than a prompt holds (n_ctx).
         """
-        check_question(question)
-        ids = [document_id(text) for text in texts]
-        tail = tail_tokens(question, self.model, self.markup)
-        placed = order_documents([(doc_id, self.document_tokens(text)) for doc_id, text in zip(ids, texts)],
-                                 tail, order)
-        prompt = layout_documents(preamble_tokens(system, self.model, self.markup), placed, tail)
-        if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
-            raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
-                                                         self.model.info.n_ctx_train))
-        return prompt
+        return self.documents.prompt(question, texts, system=system, names=names, order=order)
 
     def document_tokens(self, text: str) -> tuple[int, ...]:
-        """Returns the tokens a document's text contributes to a prompt, tokenized once per text.
-
-        Every question over a document needs them, and tokenizing five ~150-token documents
-        again took ~3 ms of each question's TTFT (bench/RESULTS.md).
-        """
-        key = document_id(text)  # a hash of the text: a key that never goes stale
-        with self._document_tokens_lock:  # server threads ask concurrently
-            tokens = self._document_tokens.pop(key, None)
-        if tokens is None:
-            tokens = document_tokens(text, self.model)
-        with self._document_tokens_lock:
-            self._document_tokens[key] = tokens  # most recently used last
-            while len(self._document_tokens) > _DOCUMENT_TOKENS_KEPT:
-                del self._document_tokens[next(iter(self._document_tokens))]
-        return tokens
+        """Returns the tokens a document's text contributes to a prompt, tokenized once per text."""
+        return self.documents.tokens(text)
 
     @property
     def documents_encoded(self) -> int:
         """Returns how many preambles and documents this instance computed (a warm store keeps it at 0)."""
-        return self._documents.encoded + self._adder.encoded
+        return self.documents.encoded
 
     def prepare(self, plan: Plan, *, use_cache: bool, reserve: int = 1) -> dict[str, str]:
         """Makes the plan's encodings resident with room for the prompt; returns the tier that served each.
@@ -615,27 +554,12 @@ def _check_training_context(n_ctx: int, model: Model) -> None:
             "command line), or a model trained on a longer context (pc-cpu models)")
 
 
-def _overflow_message(prompt: DocumentPrompt, names: list[str], n_ctx: int, trained: int) -> str:
-    """Returns why a question over documents does not fit: the documents' tokens, the longest, the limit, the fix."""
-    sizes = [len(doc.tokens) for doc in prompt.documents]
-    total = sum(sizes)
-    longest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
-    docs = (f"{len(sizes)} document{'s' if len(sizes) != 1 else ''} ({total:,} tokens"
-            + (f"; the longest, {names[longest]!r}, {sizes[longest]:,})" if longest is not None else ")"))
-    if trained and trained <= n_ctx:  # already all the model takes
-        fix = "use a model trained on a longer context"
-    else:
-        fix = "raise n_ctx" + (f" (up to {trained:,}, the model's training context)" if trained else "")
-    return (f"a question over {docs} needs {prompt.end:,} positions with the system message and question "
-            f"({prompt.end - total:,}), and one more to answer, but a prompt holds {n_ctx:,}; ask with fewer or "
-            f"shorter documents, or {fix}")
-
-
-def _check_cancel(cancel: threading.Event | None, what: str, outcome: str,
-                  error: type[CancelledError] = CancelledError) -> None:
-    """Raises `error` when `cancel` is set: its caller went away, so `what` stops here (`outcome` says with what)."""
-    if cancel is not None and cancel.is_set():
-        raise error(f"{what} was cancelled; {outcome}")
+def _sampling(options: GenerationOptions) -> SamplingParams:
+    """Returns the sampler's parameters of `options`, checked before the prompt is queued."""
+    sampling = SamplingParams(temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+                              seed=options.seed)
+    sampling.validate()
+    return sampling
 
 
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
@@ -649,9 +573,6 @@ def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
         return model.cache_ropes()
     except ValueError:
         return None
-
-
-_DOCUMENT_TOKENS_KEPT = 4096  # documents whose tokens are kept (~1 KB each at 150 tokens)
 
 
 def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:

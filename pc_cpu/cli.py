@@ -428,6 +428,8 @@ def store():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
 def store_ls(store_dir, as_json):
     """List stored modules and documents' encodings, least recently used first."""
+    from pc_cpu.store.documents import labelled_document
+
     disk = _open_disk_store(store_dir)
     listing = disk.ls()
     names = _document_names(disk)
@@ -435,7 +437,7 @@ def store_ls(store_dir, as_json):
         row = {"id": item.path.stem, "module": item.key.label, "mode": item.key.mode, "tokens": item.n_tokens,
                "positions": list(item.positions), "bytes": item.size_bytes, "content": item.key.content[:12],
                "model": item.key.model[:12], "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(item.last_used))}
-        doc_id = _labelled_document(item.key.label)
+        doc_id = labelled_document(item.key.label)
         if doc_id is not None:
             row.update(document=doc_id, names=names.get(doc_id, []))
         label = row["module"] + (f" ({', '.join(row['names'])})" if row.get("names") else "")
@@ -510,9 +512,9 @@ def clear(store_dir, yes):
 
 def _document_library(disk):
     """Returns the document library beside a disk store, or None when it has none (nothing is created)."""
-    from pc_cpu.store.documents import DocumentLibrary
+    from pc_cpu.store.documents import DocumentLibrary, library_directory
 
-    directory = disk.directory / "documents"
+    directory = library_directory(disk)
     return DocumentLibrary(directory) if directory.is_dir() else None
 
 
@@ -522,38 +524,16 @@ def _document_names(disk) -> dict[str, list[str]]:
     return {} if library is None else {doc.id: list(doc.names) for doc in library.all()}
 
 
-def _labelled_document(label: str) -> str | None:
-    """Returns the document id a store label names (`document doc-...`), else None (modules, preambles)."""
-    from pc_cpu.store.documents import document_label
-
-    prefix = document_label("")
-    doc_id = label[len(prefix):] if label.startswith(prefix) else ""
-    return doc_id if doc_id.startswith("doc-") else None
-
-
 def _remove_document(disk, id_or_name: str) -> bool:
-    """Removes a document (its library file, and its encodings from the disk store); False if none matches.
+    """Removes a document (its library file, and its encodings from the disk store); False if none matches."""
+    from pc_cpu.store.documents import remove_document
 
-    A document id whose library file is gone still matches the encodings labelled with it.
-    """
-    from pc_cpu.errors import UnknownDocumentError
-    from pc_cpu.store.documents import document_label
-
-    library = _document_library(disk)
-    try:
-        doc = library.resolve(id_or_name) if library is not None else None
-    except UnknownDocumentError:
-        doc = None
-    doc_id = doc.id if doc is not None else id_or_name
-    keys = [key for key in disk.keys() if key.label == document_label(doc_id)]
-    if doc is None and not keys:
+    removed = remove_document(_document_library(disk), [disk], id_or_name)
+    if removed is None:
         return False
-    for key in keys:
-        disk.remove(key)
-    if doc is not None:
-        library.remove(doc.id)
-    names = f" ({', '.join(doc.names)})" if doc is not None and doc.names else ""
-    click.echo(f"removed document {doc_id}{names}: {len(keys)} stored encoding{'s' if len(keys) != 1 else ''}")
+    names = f" ({', '.join(removed.names)})" if removed.names else ""
+    count = removed.encodings
+    click.echo(f"removed document {removed.id}{names}: {count} stored encoding{'s' if count != 1 else ''}")
     return True
 
 

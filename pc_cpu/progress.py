@@ -15,9 +15,12 @@ to wait for).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
+
+from pc_cpu.errors import CancelledError
 
 
 @dataclass(frozen=True)
@@ -102,3 +105,23 @@ class ProgressTracker:
         return EncodeProgress(self.schema, key, self._done_keys, len(self._tokens_by_key),
                               self._done_tokens + self._current, sum(self._tokens_by_key.values()), seconds,
                               self.kind)
+
+
+def check_cancel(cancel: threading.Event | None, what: str, outcome: str,
+                 error: type[CancelledError] = CancelledError) -> None:
+    """Raises `error` when `cancel` is set: its caller went away, so `what` stops here (`outcome` says with what)."""
+    if cancel is not None and cancel.is_set():
+        raise error(f"{what} was cancelled; {outcome}")
+
+
+def paced(report: Callable[[int], None], give_way: Callable[[float], None]) -> Callable[[int], None]:
+    """Returns what a long encoding calls after each batch of n tokens: `report(n)` (it may raise to stop),
+    then `give_way(seconds)` for as long as the batch took, so running prompts are never stalled by it."""
+    started = [time.perf_counter()]
+
+    def after_batch(n: int) -> None:
+        report(n)
+        give_way(time.perf_counter() - started[0])
+        started[0] = time.perf_counter()
+
+    return after_batch

@@ -1,8 +1,8 @@
-"""PromptCache.document_tokens: a document is tokenized once, not on every question over it."""
+"""PromptCache.document_tokens (pc_cpu.documents.Documents.tokens): a document is tokenized once, not on every question."""
 
 from __future__ import annotations
 
-import pc_cpu.cache
+import pc_cpu.documents
 
 PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
 FUJI = "Mount Fuji is the highest mountain in Japan, 3,776 metres above the sea."
@@ -21,9 +21,27 @@ def test_a_question_does_not_tokenize_its_documents_again(make_cache, monkeypatc
 
 
 def test_the_kept_tokens_are_bounded_and_still_right(make_cache, monkeypatch):
-    monkeypatch.setattr(pc_cpu.cache, "_DOCUMENT_TOKENS_KEPT", 2)
+    monkeypatch.setattr(pc_cpu.documents, "TOKENS_KEPT", 2)
     cache = make_cache(store=False)
     texts = [PARIS, FUJI, "A third document.", "A fourth one."]
     expected = [cache.document_tokens(t) for t in texts]
-    assert len(cache._document_tokens) == 2
+    assert cache.documents.tokens_kept == 2
     assert [cache.document_tokens(t) for t in texts] == expected  # evicted ones are tokenized again, the same
+
+
+def test_the_least_recently_used_tokens_are_the_ones_dropped(make_cache, monkeypatch):
+    monkeypatch.setattr(pc_cpu.documents, "TOKENS_KEPT", 2)
+    cache = make_cache(store=False)
+    third = "A third document."
+    cache.document_tokens(PARIS)
+    cache.document_tokens(FUJI)
+    cache.document_tokens(PARIS)  # now FUJI is the least recently used
+    cache.document_tokens(third)  # one too many: FUJI goes, PARIS stays
+    seen = []
+    tokenize = cache.model.tokenize
+    monkeypatch.setattr(cache.model, "tokenize", lambda text, **kw: seen.append(text) or tokenize(text, **kw))
+    cache.document_tokens(PARIS)
+    cache.document_tokens(third)
+    assert seen == []  # both kept
+    cache.document_tokens(FUJI)
+    assert FUJI in seen

@@ -39,7 +39,7 @@ from pc_cpu.engine.documents import DocumentWork
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
-from pc_cpu.kvstate import native, state_blob
+from pc_cpu.kvstate import ops
 
 SYSTEM = "Answer the question from the documents, in a few words."
 
@@ -201,12 +201,11 @@ def uncached_only_ms(pc, question, docs) -> float:
     """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
     prompt = _prompt(pc, question, docs)
     pc._scheduler.drop_held()  # stream 0 is used by hand below
-    work = DocumentWork(prompt, pc._documents, True)
+    work = DocumentWork(prompt, pc.documents.encoder, True)
     work.prepare()
     pieces = work._pieces
-    impl = native if native.available() else state_blob
-    moved = [pc._documents.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
-    pc.prompts.state_set(0, state_blob.restream(impl.splice(moved), pc.prompts.n_stream))
+    moved = [pc.documents.encoder.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
+    pc.prompts.state_set(0, ops.restream(ops.splice(moved), pc.prompts.n_stream))
     t0 = time.perf_counter()
     pc.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     int(np.argmax(pc.prompts.logits()))
@@ -231,11 +230,10 @@ def relocation(job: DocumentsBench) -> dict:
     out: dict = {"model": job.model, "n": job.n, "threads": job.threads}
     with PromptCache(job.model, threads=job.threads, store=False, ram_bytes=8 << 30) as pc:
         out["model"] = pc.model.path.name
-        if pc._documents.ropes is None:
+        if pc.documents.encoder.ropes is None:
             raise DocumentError("the relocation bench compares the C relocator with llama.cpp's seq_add, and "
                                  "this model's cells are moved by seq_add only (a sliding window); use another model")
         ids = {q: pc.add_document(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
-        impl = native if native.available() else state_blob
         one_pass_ms, c_ms, seq_add_ms, mbytes = [], [], [], []
         moved_hits = placed_hits = full_hits = 0
         moved, placed, full = [], [], []
@@ -250,19 +248,19 @@ def relocation(job: DocumentsBench) -> dict:
             q = questions[gold]
             prompt = _prompt(pc, q.question, [ids[i] for i in order])
             pc._scheduler.drop_held()  # streams 0 and the workspace are used by hand below
-            work = DocumentWork(prompt, pc._documents, True)
+            work = DocumentWork(prompt, pc.documents.encoder, True)
             work.prepare()
             pieces = work._pieces
             # One pass, as `ask` assembles (into the encoder's reused buffer).
             t0 = time.perf_counter()
-            pc.prompts.state_set(0, pc._documents._assembled(pieces))
+            pc.prompts.state_set(0, pc.documents.encoder._assembled(pieces))
             one_pass_ms.append((time.perf_counter() - t0) * 1000)
             pc.prompts.seq_rm(0)
             # C path: relocate + splice + one state_set.
             t0 = time.perf_counter()
-            relocated = [p.blob if p.delta == 0 else impl.relocate(p.blob, p.delta, pc._documents.ropes)
+            relocated = [p.blob if p.delta == 0 else ops.relocate(p.blob, p.delta, pc.documents.encoder.ropes)
                          for p in pieces]
-            pc.prompts.state_set(0, state_blob.restream(impl.splice(relocated), pc.prompts.n_stream))
+            pc.prompts.state_set(0, ops.restream(ops.splice(relocated), pc.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)
             mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
             if job.timing_only:
@@ -315,7 +313,7 @@ def seq_add_assemble(pc, pieces) -> None:
     ctx, scratch, staging = pc.ctx, pc.roles.scratch, 0
     ctx.seq_rm(staging)
     for piece in pieces:
-        info = state_blob.scan(piece.blob)
+        info = ops.scan(piece.blob)
         ctx.state_set(scratch, piece.blob)
         if piece.delta:
             ctx.seq_add(scratch, info.pos_min, info.pos_max + 1, piece.delta)
@@ -324,13 +322,13 @@ def seq_add_assemble(pc, pieces) -> None:
     apply_pending_shifts(ctx, scratch)
     blob = ctx.state_get(staging)
     ctx.seq_rm(staging)
-    pc.prompts.state_set(0, state_blob.restream(state_blob.order_by_position(blob), pc.prompts.n_stream))
+    pc.prompts.state_set(0, ops.restream(ops.order_by_position(blob), pc.prompts.n_stream))
 
 
 def placed_blobs(pc, prompt) -> list[bytes]:
     """Returns the preamble's cells and each document computed after the preamble at the position the prompt gives it."""
     work, seq = pc.prompts, pc.prompts.n_seq_max - 1
-    preamble, _ = pc._documents.preamble_blob(prompt.preamble)
+    preamble, _ = pc.documents.encoder.preamble_blob(prompt.preamble)
     blobs = [preamble]
     for doc in prompt.documents:
         first = doc.start - prompt.home
@@ -338,7 +336,7 @@ def placed_blobs(pc, prompt) -> list[bytes]:
         work.decode(prompt.preamble, range(first, doc.start), seq, logits_last=False)
         work.decode(doc.tokens, range(doc.start, doc.end), seq, logits_last=False)
         work.seq_rm(seq, first, doc.start)
-        blobs.append(bytes(state_blob.restream(work.state_get(seq), 1)))
+        blobs.append(bytes(ops.restream(work.state_get(seq), 1)))
         work.seq_rm(seq)
     return blobs
 
@@ -347,8 +345,7 @@ def greedy(pc, prompt, *, blobs=None, max_tokens: int = 24) -> list[int]:
     """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed."""
     work = pc.prompts
     if blobs is not None:
-        impl = native if native.available() else state_blob
-        work.state_set(0, state_blob.restream(impl.splice(blobs), work.n_stream))
+        work.state_set(0, ops.restream(ops.splice(blobs), work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     tokens, pos = [], prompt.end
     for _ in range(max_tokens):

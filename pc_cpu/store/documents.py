@@ -28,12 +28,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.store.atomic import find_orphans, write_atomically
-from pc_cpu.store.disk import ORPHAN, BadFile, delete_bad_file
+from pc_cpu.store.base import ModuleStore
+from pc_cpu.store.disk import ORPHAN, BadFile, DiskStore, delete_bad_file
 from pc_cpu.store.file_lock import exclusive
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,51 @@ def document_label(doc_id: str) -> str:
     """Returns the store label of a document's encodings, how `store ls` names them and `remove` finds them."""
     return f"document {doc_id}"
 
+
+
+def library_directory(disk: DiskStore) -> Path:
+    """Returns where the document library of a disk store lives: beside its encodings, so both move together."""
+    return disk.directory / "documents"
+
+
+def labelled_document(label: str) -> str | None:
+    """Returns the document id a store label names (`document_label(id)`), else None (modules, preambles)."""
+    prefix = document_label("")
+    doc_id = label[len(prefix):] if label.startswith(prefix) else ""
+    return doc_id if doc_id.startswith(_ID_PREFIX) else None
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What removing a document took away: its id, the names it had, and how many stored encodings."""
+
+    id: str
+    names: tuple[str, ...]
+    encodings: int
+
+
+def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleStore], id_or_name: str) -> Removed | None:
+    """Returns what was removed: the document's library entry and its encodings in `tiers`; None when nothing matches.
+
+    Used by PromptCache.remove_document (every tier) and `pc-cpu store rm` (the disk tier, no model
+    loaded). A document id whose library entry is gone still matches the encodings labelled with it,
+    so a library file lost by hand does not leave its encodings behind for good.
+    """
+    try:
+        doc = library.resolve(id_or_name) if library is not None else None
+    except UnknownDocumentError:
+        doc = None
+    doc_id = doc.id if doc is not None else id_or_name
+    label = document_label(doc_id)
+    removed = 0
+    for tier in tiers:
+        for key in [k for k in tier.keys() if k.label == label]:
+            removed += bool(tier.remove(key))
+    if doc is None and not removed:
+        return None
+    if doc is not None:
+        library.remove(doc.id)
+    return Removed(doc_id, tuple(doc.names) if doc is not None else (), removed)
 
 def check_name(name: str | None) -> None:
     """Raises DocumentError when `name` cannot name a document (None, no name, always can).

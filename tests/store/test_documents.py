@@ -179,3 +179,58 @@ def test_the_limits_hold_in_memory_too():
         library.add("doc-b", "text b", None)
     with pytest.raises(DocumentError, match="more than 255"):
         library.add("doc-a", "text a", "x" * 256)
+
+
+def _document_key(doc_id: str, model: str = "model-A"):
+    from pc_cpu.pml.encoding import content_digest
+    from pc_cpu.store.documents import document_label
+    from pc_cpu.store.keys import StoreKey
+
+    return StoreKey(model=model, content=content_digest("doc", doc_id, model), mode="document",
+                    label=document_label(doc_id))
+
+
+def test_removing_a_document_takes_its_entry_and_its_encodings_from_every_tier_and_nothing_else():
+    from pc_cpu.store.documents import remove_document
+    from pc_cpu.store.ram import RamStore
+    from tests.store.conftest import entry, key
+
+    library = DocumentLibrary(None)
+    kept = library.add("doc-" + "1" * 16, "Kept text.", "kept.txt")
+    gone = library.add("doc-" + "2" * 16, "Gone text.", "gone.txt")
+    tiers = [RamStore(1 << 20), RamStore(1 << 20)]
+    for tier in tiers:
+        for doc in (kept, gone):
+            tier.put(_document_key(doc.id), entry(64))
+            tier.put(_document_key(doc.id, model="model-B"), entry(64))
+        tier.put(key("paris"), entry(64))
+
+    removed = remove_document(library, tiers, "gone.txt")
+
+    assert (removed.id, removed.names, removed.encodings) == (gone.id, ("gone.txt",), 4)
+    assert library.get(gone.id) is None and library.get(kept.id) is not None
+    for tier in tiers:
+        assert sorted(k.label for k in tier.keys()) == sorted(["document " + kept.id] * 2 + ["trip/paris"])
+
+
+def test_removing_an_id_without_a_library_entry_still_takes_its_encodings_and_an_unknown_one_nothing():
+    from pc_cpu.store.documents import remove_document
+    from pc_cpu.store.ram import RamStore
+    from tests.store.conftest import entry
+
+    orphan = "doc-" + "3" * 16
+    tier = RamStore(1 << 20)
+    tier.put(_document_key(orphan), entry(64))
+
+    assert remove_document(DocumentLibrary(None), [tier], "doc-" + "4" * 16) is None
+    assert remove_document(None, [tier], "nothing.txt") is None
+    removed = remove_document(None, [tier], orphan)
+    assert (removed.id, removed.names, removed.encodings) == (orphan, (), 1) and tier.keys() == []
+
+
+def test_a_store_label_names_a_document_only_when_it_is_one():
+    from pc_cpu.store.documents import document_label, labelled_document
+
+    assert labelled_document(document_label("doc-" + "5" * 16)) == "doc-" + "5" * 16
+    assert labelled_document("trip/paris") is None
+    assert labelled_document(document_label("#preamble")) is None

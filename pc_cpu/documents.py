@@ -1,0 +1,198 @@
+"""Gives a PromptCache its documents: the library, their tokens, their encoders, and their removal, in one owner.
+
+Four layers each hold one side of a document, and this module is the one place that joins them:
+- pc_cpu.pml.documents lays a question over documents out (pure: tokens and positions);
+- pc_cpu.store.documents keeps the library of texts and names beside the disk tier, and removes
+  a document with its encodings (also without a model: `pc-cpu store rm`);
+- pc_cpu.engine.documents finds or computes the documents' cells and assembles a prompt from them;
+- this owner ties them to one model and one pair of contexts, for the façade (PromptCache's
+  add_document, ask, remove_document), the CLI and the server.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
+from pc_cpu.engine.model import Model
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.sequences import SequenceRoles
+from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
+from pc_cpu.kvstate.rope import RopeParams
+from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_question, document_id, document_tokens, has_text,
+                                  layout_documents, order_documents, preamble_tokens, tail_tokens, with_recompute)
+from pc_cpu.pml.recompute import RecomputePolicy
+from pc_cpu.pml.roles import RoleMarkup
+from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
+from pc_cpu.store.documents import Document, DocumentLibrary, check_name, remove_document
+from pc_cpu.store.tiers import TieredStore
+
+TOKENS_KEPT = 4096  # documents whose tokens are kept (~1 KB each at 150 tokens)
+
+# Called after each batch of n tokens a long encoding computed: reports progress, may raise to stop,
+# and gives running prompts their turn (PromptCache._after_batch).
+AfterBatch = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class NewDocument:
+    """A document checked for adding: its id, text and name, its tokens, and the preamble it is encoded after."""
+
+    id: str
+    text: str
+    name: str | None
+    tokens: tuple[int, ...]
+    preamble: tuple[int, ...]
+
+
+class Documents:
+    """The documents of one PromptCache: their library, tokens and encoders, on one model and its prompt context."""
+
+    def __init__(self, model: Model, markup: RoleMarkup, prompts: Context, roles: SequenceRoles, store: TieredStore,
+                 ropes: tuple[RopeParams, ...] | None, *, library_dir: Path | None, max_documents: int):
+        self.model = model
+        self.markup = markup
+        self.prompts = prompts
+        self.store = store
+        self.library = DocumentLibrary(library_dir, max_documents=max_documents)
+        # Questions are assembled in the encoder's workspace; add_document computes in a stream of its
+        # own, batch by batch between the scheduler's steps, so it never waits for the workspace.
+        self.encoder = DocumentEncoder(prompts, roles.workspace, store, ropes)
+        self.adder = DocumentEncoder(prompts, roles.adder, store, ropes)
+        self._tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
+        self._tokens_lock = threading.Lock()  # server threads ask concurrently
+
+    @property
+    def encoded(self) -> int:
+        """Returns how many preambles and documents this owner computed (a warm store keeps it at 0)."""
+        return self.encoder.encoded + self.adder.encoded
+
+    @property
+    def tokens_kept(self) -> int:
+        """Returns how many documents' tokens are kept for the next question (at most TOKENS_KEPT)."""
+        with self._tokens_lock:
+            return len(self._tokens)
+
+    def check_supported(self) -> None:
+        """Raises DocumentError when this model's cells cannot be moved, so documents cannot be placed."""
+        self.encoder.check_supported()
+
+    # --- texts and tokens ---------------------------------------------------------
+
+    def tokens(self, text: str) -> tuple[int, ...]:
+        """Returns the tokens a document's text contributes to a prompt, tokenized once per text.
+
+        Every question over a document needs them, and tokenizing five ~150-token documents
+        again took ~3 ms of each question's TTFT (bench/RESULTS.md).
+        """
+        key = document_id(text)  # a hash of the text: a key that never goes stale
+        with self._tokens_lock:
+            tokens = self._tokens.pop(key, None)
+        if tokens is None:
+            tokens = document_tokens(text, self.model)
+        with self._tokens_lock:
+            self._tokens[key] = tokens  # most recently used last
+            while len(self._tokens) > TOKENS_KEPT:
+                del self._tokens[next(iter(self._tokens))]
+        return tokens
+
+    def prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
+               names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:
+        """Returns the layout of `question` over documents of these texts (see PromptCache.document_prompt)."""
+        check_question(question)
+        ids = [document_id(text) for text in texts]
+        tail = tail_tokens(question, self.model, self.markup)
+        placed = order_documents([(doc_id, self.tokens(text)) for doc_id, text in zip(ids, texts)], tail, order)
+        prompt = layout_documents(preamble_tokens(system, self.model, self.markup), placed, tail)
+        if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
+            raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
+                                                         self.model.info.n_ctx_train))
+        return prompt
+
+    def work(self, question: str, documents: Sequence[str], *, system: str | None, order: str,
+             policy: RecomputePolicy, use_cache: bool) -> DocumentWork:
+        """Returns the question over the library's `documents` (ids or names) as the scheduler runs it."""
+        if isinstance(documents, str):
+            raise DocumentError("documents must be a list of ids or names, not one string; e.g. documents=[id]")
+        if use_cache:
+            self.check_supported()
+        docs = [self.library.resolve(d) for d in documents]
+        prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(documents), order=order)
+        if use_cache:
+            prompt = with_recompute(prompt, policy)
+        return DocumentWork(prompt, self.encoder, use_cache)
+
+    # --- adding and removing ------------------------------------------------------
+
+    def check_addable(self, text: str, name: str | None, system: str | None) -> NewDocument:
+        """Returns the document to add, tokenized and checked; raises why it cannot be added.
+
+        Runs before the encoding, and before waiting for the adder's stream: a refusal should not cost minutes.
+        """
+        check_name(name)  # first: the messages below show it
+        if not isinstance(text, str) or not has_text(text):
+            raise DocumentError(f"document {name or '(unnamed)'} is empty: {NO_TEXT}; give it some text")
+        self.check_supported()
+        tokens = self.tokens(text)
+        preamble = preamble_tokens(system, self.model, self.markup)
+        n_ctx = self.prompts.n_ctx
+        room = n_ctx - len(preamble) - 1
+        if len(tokens) > room:
+            raise DocumentError(
+                f"document {name or document_id(text)} has {len(tokens)} tokens but a prompt holds {n_ctx} "
+                f"positions, {room} of them after the preamble and before one generated token; split the "
+                "document or raise n_ctx")
+        doc_id = document_id(text)
+        self.library.check_room(doc_id, name)
+        return NewDocument(doc_id, text, name, tokens, preamble)
+
+    def add(self, new: NewDocument, *, pace: Callable[[AfterBatch], AfterBatch], progress: ProgressCallback | None,
+            cancel: threading.Event | None) -> str:
+        """Returns the id of the document after its encoding is stored and it is registered in the library.
+
+        `pace(report)` gives the callback the encoder calls after each batch (PromptCache._paced);
+        the caller holds the adder's stream and the context lock around this call.
+        """
+        label = new.name or new.id
+        tracker = ProgressTracker(label, {new.id: len(new.tokens)}, progress, kind="document")
+
+        def report(n: int) -> None:
+            tracker.computed(new.id, n)
+            check_cancel(cancel, f"adding document {label}", "nothing was registered", AddCancelledError)
+
+        _, tier = self.adder.document_blob(new.preamble, new.id, new.tokens, on_computed=pace(report))
+        self.library.add(new.id, new.text, new.name)
+        if tier == TIER_ENCODED:
+            tracker.finished(new.id)
+        return new.id
+
+    def remove(self, id_or_name: str) -> Document:
+        """Returns the document it forgot, after deleting its encodings from every tier and its library entry.
+
+        Raises:
+            UnknownDocumentError: nothing has this id or name.
+        """
+        doc = self.library.resolve(id_or_name)
+        remove_document(self.library, self.store.tiers, doc.id)
+        with self._tokens_lock:
+            self._tokens.pop(doc.id, None)
+        return doc
+
+
+def _overflow_message(prompt: DocumentPrompt, names: list[str], n_ctx: int, trained: int) -> str:
+    """Returns why a question over documents does not fit: the documents' tokens, the longest, the limit, the fix."""
+    sizes = [len(doc.tokens) for doc in prompt.documents]
+    total = sum(sizes)
+    longest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
+    docs = (f"{len(sizes)} document{'s' if len(sizes) != 1 else ''} ({total:,} tokens"
+            + (f"; the longest, {names[longest]!r}, {sizes[longest]:,})" if longest is not None else ")"))
+    if trained and trained <= n_ctx:  # already all the model takes
+        fix = "use a model trained on a longer context"
+    else:
+        fix = "raise n_ctx" + (f" (up to {trained:,}, the model's training context)" if trained else "")
+    return (f"a question over {docs} needs {prompt.end:,} positions with the system message and question "
+            f"({prompt.end - total:,}), and one more to answer, but a prompt holds {n_ctx:,}; ask with fewer or "
+            f"shorter documents, or {fix}")
