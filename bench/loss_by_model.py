@@ -3,7 +3,7 @@
 Each model's loss on a question is its cached answer's score minus its own full prefill's (+1, 0 or
 -1). The figure is the mean of (loss of A - loss of B) over the questions both runs answered, with a
 paired-bootstrap interval, per policy. Positive: A loses less than B. Both runs must be
-`pc-cpu bench recompute` answer files of the same task, --docs and --n (the same items).
+`pc-cpu bench recompute run` answer files of the same task, --docs and --n (the same items).
 
     python bench/loss_by_model.py --a bench/results/q15_nq5_chain.jsonl --b bench/results/q05_nq5_chain.jsonl
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib
 import json
 import sys
 import time
@@ -19,10 +20,13 @@ from pc_cpu.pml.encoding import ENCODING_MODES
 from pc_cpu.pml.documents import NO_TEXT, ORDERS, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
-from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
+
+# Importing this module (and `pc-cpu --help`) loads neither llama.cpp nor numpy nor the benchmarks (about a
+# second): commands import what they use (tests/test_cli_imports.py holds it so).
 
 EXIT_USAGE = 2
 LONG_PREFILL_TOKENS = 512  # above one decode batch, the wait before the first token is long enough to explain
+DEFAULT_MAX_DOCUMENTS = 10_000  # pc_cpu.store.documents's (not imported: it loads numpy); a test holds them equal
 
 
 def _read_source(value: str, what: str) -> str:
@@ -122,8 +126,9 @@ def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, sto
         computed = plan.uncached_tokens + plan.selected_tokens if not no_cache else len(plan.tokens)
         if computed >= LONG_PREFILL_TOKENS:  # a long prefill is silent until the first token; say why
             click.echo(f"computing {computed} prompt tokens before the first answer token...", err=True)
-        stream = pc.stream(prompt_pml, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           seed=seed, stop=stop, use_cache=not no_cache, recompute=recompute)
+        # The plan carries the recompute policy: streaming it parses and plans the prompt only once.
+        stream = pc.stream(plan, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=seed, stop=stop, use_cache=not no_cache)
         for piece in stream:
             if not as_json:
                 click.echo(piece, nl=False)
@@ -209,6 +214,8 @@ def _read_document(value: str) -> str:
 
     Its file name names its document: one that cannot (a newline in it, say) is refused too.
     """
+    from pc_cpu.store.documents import check_name
+
     path = Path(value)
     check_name(path.name)
     if not path.is_file():
@@ -552,9 +559,30 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-from pc_cpu.benchmarks.command import bench  # noqa: E402  (pc-cpu bench latency|accuracy|peers|summary)
+class LazyGroup(click.Group):
+    """A command group whose subcommands live in another module, imported when one is listed or run.
 
-cli.add_command(bench)
+    `pc-cpu --help` shows the group's own help line without importing them.
+    """
+
+    def __init__(self, *args, commands_from: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands_from = commands_from  # "module:group", the click.Group that holds the subcommands
+
+    def _commands(self) -> click.Group:
+        module, _, name = self.commands_from.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def list_commands(self, ctx) -> list[str]:
+        return self._commands().list_commands(ctx)
+
+    def get_command(self, ctx, name):
+        return self._commands().get_command(ctx, name)
+
+
+@cli.group(cls=LazyGroup, commands_from="pc_cpu.benchmarks.command:bench")
+def bench() -> None:
+    """Measure pc_cpu on this machine: latency, accuracy, peers, recompute, documents (see bench/RESULTS.md)."""
 
 
 def main(argv: list[str] | None = None) -> None:

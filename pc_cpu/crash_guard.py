@@ -24,7 +24,7 @@ DEFAULT_MESSAGE = ("inside native code; run the command again with `pc-cpu --ver
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
     """Returns pc_native with the guard's functions bound, or None when it is missing or too old."""
-    from pc_cpu.kvstate.native import library_path  # the one place that finds pc_native
+    from pc_cpu.kvstate.library import library_path  # the one place that finds pc_native; loads no numpy
 
     path = library_path()
     if path is None:

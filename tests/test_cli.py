@@ -162,7 +162,7 @@ def assert_one_error_line(code, err, *fragments):
 
 def test_missing_evaluation_data_is_one_error_line(tiny_model_path, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path / "nowhere"))
-    args = ["bench", "recompute", "--model", str(tiny_model_path), "--n", "2", "--ttft-tokens", "0"]
+    args = ["bench", "recompute", "run", "--model", str(tiny_model_path), "--n", "2", "--ttft-tokens", "0"]
     code, _, err = run_main(args, capsys)
     assert_one_error_line(code, err, "evaluation file", "nq-open-oracle.jsonl.gz", "$PC_CPU_EVALDATA")
     code, _, err = run_main(["--verbose"] + args, capsys)

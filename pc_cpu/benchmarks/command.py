@@ -1,6 +1,7 @@
 """`pc-cpu bench`: runs the benchmarks with a progress bar; Markdown to stdout, or the raw results with --json.
 
-Add to pc_cpu/cli.py:  from pc_cpu.benchmarks.command import bench; cli.add_command(bench)
+`bench` holds the subcommands; pc_cpu.cli's `bench` group (and its help text) imports this module only
+when one of them is listed or run, so `pc-cpu --help` does not load the benchmarks.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def _emit(data, markdown: str, as_json: bool) -> None:
     click.echo(json.dumps(data, indent=1, default=str) if as_json else markdown)
 
 
-@click.group()
-def bench() -> None:
-    """Measure pc_cpu on this machine: latency, accuracy, peers (see bench/RESULTS.md)."""
+bench = click.Group("bench")  # the subcommands of `pc-cpu bench` (pc_cpu.cli.bench lists and runs them)
 
 
 @bench.command()
@@ -141,7 +140,20 @@ def peers(model, threads, quick, as_json):
     _emit(report, peers_markdown(report), as_json)
 
 
-@bench.command()
+policies_option = click.option(
+    "--policy", "policies", multiple=True,
+    help=f"Recompute policy to measure (repeatable; default: {' '.join(DEFAULT_POLICIES)}; forms: pc-cpu run --help).")
+
+
+@bench.group()
+def recompute() -> None:
+    """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
+
+    `run` answers the questions and summarizes its answers; `summarize` and `compare` read answer files.
+    """
+
+
+@recompute.command("run")
 @model_option
 @threads_option
 @quick_option
@@ -154,9 +166,7 @@ def peers(model, threads, quick, as_json):
               help="NaturalQuestions with --docs passages, or key-value retrieval with --docs pairs.")
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True,
               help="Modules per item, one passage (nq) or one key-value pair (kv) each.")
-@click.option("--policy", "policies", multiple=True,
-              help=f"Recompute policy to measure (repeatable; default: {' '.join(DEFAULT_POLICIES)}; "
-                   "forms: pc-cpu run --help).")
+@policies_option
 @click.option("--start", type=click.IntRange(0), default=0, help="Skip the first START questions (resume a run).")
 @click.option("--stop", type=click.IntRange(0), default=None,
               help="Stop before question STOP of the N (split a run across processes: --stop K, then --start K).")
@@ -164,70 +174,128 @@ def peers(model, threads, quick, as_json):
 @click.option("--plain", is_flag=True, help="Plain-text prompts without chat roles (base models, e.g. Gemma 3 270M).")
 @click.option("--ttft-tokens", type=click.IntRange(0), default=4000, show_default=True,
               help="Also time every policy on one prompt of this many cached tokens (0: skip).")
-@click.option("--summary", "summaries", type=click.Path(exists=True, dir_okay=False), multiple=True,
-              help="Only summarise these answer files (repeatable), no model run.")
-@click.option("--ttft-json", type=click.Path(dir_okay=False), default=None,
-              help="With --summary: a TTFT result saved by an earlier run's --json.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto plot (PNG) here.")
-@click.option("--versus", "versus_files", type=click.Path(exists=True, dir_okay=False), multiple=True,
-              help="Answers of another run on the same questions: adds each policy's paired difference to it.")
 @click.option("--gap", type=click.IntRange(0), default=0, show_default=True,
               help="NQ: declare this many other passages as modules before the imported ones, left out.")
 @click.option("--encoding", "encodings", type=click.Choice(ENCODING_MODES), multiple=True,
               help="How modules are encoded (pc_cpu.pml.encoding; default preamble). Repeat it to answer "
                    "each item in every mode from one full prefill; --out then gets the mode before its "
-                   "extension (a_chain.jsonl). With --summary, the plot's label.")
-def recompute(model, threads, quick, as_json, count, task, docs, policies, start, stop, out, plain, ttft_tokens,
-              summaries, ttft_json, plot, versus_files, gap, encodings):
-    """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
+                   "extension (a_chain.jsonl).")
+def recompute_run(model, threads, quick, as_json, count, task, docs, policies, start, stop, out, plain, ttft_tokens,
+                  plot, gap, encodings):
+    """Answer questions under each policy and by the full prefill, paired; print the summary of the answers.
 
-    Example: pc-cpu bench recompute --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
+    Example: pc-cpu bench recompute run --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
     """
-    from pc_cpu.benchmarks import accuracy as acc, evaldata, recompute as rc
-    from pc_cpu.benchmarks.plots import plot_pareto
+    from pc_cpu.benchmarks import accuracy as acc, evaldata
+
+    _check_policies(policies)  # a bad policy fails here, before the model loads
+    encodings = tuple(dict.fromkeys(encodings)) or ("preamble",)
+    chosen = list(policies) or list(DEFAULT_POLICIES)
+    count = (10 if quick else 200) if count is None else count
+    if task == "kv" and gap:
+        raise click.UsageError("--gap is for NQ (--task nq): key-value items have no passages to leave out")
+    if stop is not None and not start < stop <= count:
+        raise click.UsageError(f"--stop {stop}: must lie after --start {start} and at most --n {count}")
+    if task == "kv":
+        spec, max_tokens = acc.kv_task(docs, 1, chat=not plain), KV_MAX_TOKENS
+    else:
+        spec, max_tokens = acc.nq_task(docs, chat=not plain), 24
+    items = evaldata.run_items(task, docs, count)[start:stop]
+    runs = _recompute_runs(model, threads, encodings, items, chosen, spec, max_tokens, gap, out, as_json,
+                           ttft_tokens, quick)
+    reports = {mode: _recompute_report(answers, chosen, ttft, _path_for(plot, mode, encodings), mode)
+               for mode, (answers, ttft) in runs.items()}
+    if len(reports) == 1:
+        text, data = reports[encodings[0]]
+        _emit(data, text, as_json)
+    else:
+        _emit({"by_encoding": {mode: data for mode, (_, data) in reports.items()}},
+              "\n\n".join(f"## {mode} encoding\n\n{text}" for mode, (text, _) in reports.items()), as_json)
+
+
+@recompute.command("summarize")
+@click.argument("answer_files", type=click.Path(exists=True, dir_okay=False), nargs=-1, required=True,
+                metavar="ANSWERS...")
+@click.option("--policy", "policies", multiple=True,
+              help="Policy to show (repeatable; default: every policy the files hold).")
+@click.option("--ttft-json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TTFT result saved by an earlier `run --json`: adds each policy's speedup at long prompts.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write the Pareto plot (PNG) here (needs --ttft-json).")
+@click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
+              help="The plot's label: how the answers' modules were encoded.")
+@click.option("--task", type=click.Choice(["nq", "kv"]), default="nq", show_default=True,
+              help="With --docs and --n, only for answer files of older runs, which lack the gold passage's "
+                   "position: NQ items are drawn again (same seed) to find it.")
+@click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="See --task.")
+@click.option("--n", "count", type=click.IntRange(0), default=200, show_default=True, help="See --task.")
+@json_option
+def recompute_summarize(answer_files, policies, ttft_json, plot, encoding, task, docs, count, as_json):
+    """Summarize answer files of `run` (several runs' files together): one row per policy, paired.
+
+    A question answered twice (by two runs) counts once.
+
+    Example: pc-cpu bench recompute summarize a.jsonl b.jsonl --ttft-json ttft.json --plot pareto.png
+    """
+    from pc_cpu.benchmarks import evaldata, recompute as rc
+
+    answers = rc.read_answers(answer_files)
+    if task == "nq" and any(a.gold_index < 0 for a in answers):
+        # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
+        items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)
+        answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
+    ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
+    text, data = _recompute_report(answers, list(policies) or rc.policies_in(answers), ttft, plot, encoding)
+    _emit(data, text, as_json)
+
+
+@recompute.command("compare")
+@click.argument("answer_files", type=click.Path(exists=True, dir_okay=False), nargs=-1, required=True,
+                metavar="ANSWERS...")
+@click.option("--versus", "versus_files", type=click.Path(exists=True, dir_okay=False), multiple=True, required=True,
+              help="Answers of another run on the same questions (repeatable), e.g. with another encoding.")
+@click.option("--policy", "policies", multiple=True,
+              help="Policy to compare (repeatable; default: every policy the ANSWERS files hold).")
+@json_option
+def recompute_compare(answer_files, versus_files, policies, as_json):
+    """Each policy's exact match in ANSWERS minus in the --versus run's, paired by question.
+
+    Each run keeps its own full prefill; `summarize` gives each run against it.
+
+    Example: pc-cpu bench recompute compare chain_a.jsonl chain_b.jsonl --versus preamble.jsonl
+    """
+    from pc_cpu.benchmarks import recompute as rc
+
+    answers = rc.read_answers(answer_files)
+    rows = rc.versus(answers, rc.read_answers(versus_files), list(policies) or rc.policies_in(answers))
+    _emit(rows, "Against the other run (--versus), paired by question:\n\n" + rc.versus_markdown(rows), as_json)
+
+
+def _check_policies(policies) -> None:
+    """Raises (before any model loads) for a recompute policy that does not parse."""
     from pc_cpu.pml.recompute import parse_policy
 
-    for p in policies:
-        parse_policy(p)  # a bad policy fails here, before the model loads
-    encodings = tuple(dict.fromkeys(encodings)) or ("preamble",)
-    ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
-    if summaries:
-        answers = rc.read_answers(summaries)
-        if task == "nq" and any(a.gold_index < 0 for a in answers):
-            # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
-            items = evaldata.doc_items(evaldata.load_nq(), docs, count or 200, seed=0)
-            answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
-        chosen = list(policies) or rc.policies_in(answers)
-        runs = {encodings[0]: (answers, ttft)}
-    else:
-        chosen = list(policies) or list(rc.DEFAULT_POLICIES)
-        count = (10 if quick else 200) if count is None else count
-        if task == "kv" and gap:
-            raise click.UsageError("--gap is for NQ (--task nq): key-value items have no passages to leave out")
-        if stop is not None and not start < stop <= count:
-            raise click.UsageError(f"--stop {stop}: must lie after --start {start} and at most --n {count}")
-        if task == "kv":
-            spec, max_tokens = acc.kv_task(docs, 1, chat=not plain), KV_MAX_TOKENS
-        else:
-            spec, max_tokens = acc.nq_task(docs, chat=not plain), 24
-        items = evaldata.run_items(task, docs, count)[start:stop]
-        runs = _recompute_runs(model, threads, encodings, items, chosen, spec, max_tokens, gap, out, as_json,
-                               ttft_tokens, quick)
-    texts, data = [], {}
-    for mode, (answers, mode_ttft) in runs.items():
-        rows = rc.summarize(answers, chosen, mode_ttft)
-        if plot and mode_ttft and not plot_pareto(rows, mode_ttft, _path_for(plot, mode, encodings), encoding=mode):
-            click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
-        text = rc.markdown(rows, mode_ttft) + "\n\nExact matches by gold position:\n\n" + rc.by_position_markdown(
-            answers, chosen) if rows else ""
-        if mode_ttft:
-            text += ("\n\n" if text else "") + rc.ttft_markdown(mode_ttft)
-        versus = rc.versus(answers, rc.read_answers(versus_files), chosen) if versus_files else []
-        if versus:
-            text += "\n\nAgainst the other run (--versus), paired by question:\n\n" + rc.versus_markdown(versus)
-        texts.append(f"## {mode} encoding\n\n{text}" if len(runs) > 1 else text)
-        data[mode] = {"rows": rows, "ttft": mode_ttft, "versus": versus}
-    _emit(data[encodings[0]] if len(runs) == 1 else {"by_encoding": data}, "\n\n".join(texts), as_json)
+    for policy in policies:
+        parse_policy(policy)
+
+
+def _recompute_report(answers, policies, ttft: dict | None, plot: str | None, encoding: str) -> tuple[str, dict]:
+    """Returns the Markdown and the data of a summary of answers: rows per policy, by gold position, TTFT.
+
+    Writes the Pareto plot to `plot` when given and there is a TTFT result to plot against.
+    """
+    from pc_cpu.benchmarks import recompute as rc
+    from pc_cpu.benchmarks.plots import plot_pareto
+
+    rows = rc.summarize(answers, policies, ttft)
+    if plot and ttft and not plot_pareto(rows, ttft, plot, encoding=encoding):
+        click.echo("matplotlib is not installed: no plot (pip install '.[bench]')", err=True)
+    text = rc.markdown(rows, ttft) + "\n\nExact matches by gold position:\n\n" + rc.by_position_markdown(
+        answers, policies) if rows else ""
+    if ttft:
+        text += ("\n\n" if text else "") + rc.ttft_markdown(ttft)
+    return text, {"rows": rows, "ttft": ttft}
 
 
 def _recompute_runs(model, threads, encodings, items, policies, spec, max_tokens, gap, out, as_json, ttft_tokens,
@@ -391,6 +459,3 @@ def summary(records):
     data = complete_items([r for path in records for r in read_records(Path(path))])
     click.echo(accuracy_markdown(summarize(data), data))
 
-
-if __name__ == "__main__":  # python -m pc_cpu.benchmarks.command ... until `pc-cpu bench` is wired in
-    bench()

@@ -3,8 +3,6 @@
     pc-cpu bench documents rag --docs 500 --prompts 100 [--model NAME] [--threads 2] [--no-peers]
     pc-cpu bench documents relocation --n 200 [--model NAME] [--timing-only]
 
-(`python bench/documents.py ...` takes the same arguments.)
-
 `rag`: the gold passages of `--docs` NaturalQuestions questions are added as documents
 (about 9x the 8K context on SmolLM2). The time to add each is recorded (and compared with
 a full prefill of the same tokens). At 50, 100, 250 and `--docs` documents, `--prompts`

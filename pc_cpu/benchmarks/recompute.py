@@ -7,9 +7,10 @@ difference is paired on identical tokens.
 The TTFT that matters for a policy is at long prompts, so `ttft_by_policy`
 measures it apart, on ~4,000 cached tokens of documents.
 
-    pc-cpu bench recompute --n 200 --docs 5 [--policy 0 --policy 20% ...] --out answers.jsonl
-    pc-cpu bench recompute --task kv --docs 5 --n 200 --out kv.jsonl
-    pc-cpu bench recompute --summary answers.jsonl [more.jsonl] [--ttft ttft.json] [--plot pareto.png]
+    pc-cpu bench recompute run --n 200 --docs 5 [--policy 0 --policy 20% ...] --out answers.jsonl
+    pc-cpu bench recompute run --task kv --docs 5 --n 200 --out kv.jsonl
+    pc-cpu bench recompute summarize answers.jsonl [more.jsonl] [--ttft-json ttft.json] [--plot pareto.png]
+    pc-cpu bench recompute compare chain.jsonl --versus preamble.jsonl
 """
 
 from __future__ import annotations

@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.metadata
 import logging
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from pc_cpu.errors import StateBlobError
+from pc_cpu.kvstate.library import library_path
 from pc_cpu.kvstate.state_blob import BlobLike, RopeParams, StateBlobInfo
 
 log = logging.getLogger(__name__)
 
 ABI_VERSION = 3  # PC_NATIVE_VERSION in native/pc_state.h
-_LIB_NAMES = ("libpc_native.so", "libpc_native.dylib", "pc_native.dll")
 _INT32 = (-2**31, 2**31 - 1)
 PC_ERR_ARGUMENT = -4
 PC_ERR_CAPACITY = -8
@@ -108,31 +106,6 @@ def _bind(lib: ctypes.CDLL) -> None:
                                       ctypes.c_uint32, ctypes.c_uint32, _u8p, ctypes.c_size_t,
                                       ctypes.POINTER(ctypes.c_size_t)]
     lib.pc_state_assemble.restype = ctypes.c_int
-
-
-def library_path() -> Path | None:
-    """Returns the built library: next to the package, else in the installed pc_cpu distribution.
-
-    The second place matters when tests run from a source checkout: `import pc_cpu` then finds
-    the source tree (no compiled library in it) while `pip install .` put the library in
-    site-packages.
-    """
-    package_dir = Path(__file__).resolve().parent.parent
-    here = next((package_dir / n for n in _LIB_NAMES if (package_dir / n).is_file()), None)
-    return here or _installed_library()
-
-
-def _installed_library() -> Path | None:
-    try:
-        files = importlib.metadata.distribution("pc_cpu").files or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in files:
-        if file.name in _LIB_NAMES:
-            path = Path(file.locate()).resolve()
-            if path.is_file():
-                return path
-    return None
 
 
 @functools.cache

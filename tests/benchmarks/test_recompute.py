@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from pc_cpu.benchmarks.recompute import (Answer, markdown, policies_in, read_answers, summarize, versus,
                                          versus_markdown)
@@ -60,7 +60,7 @@ def test_ttft_run_and_pareto_plot_on_the_tiny_model(tiny_model_path, tmp_path):
     from pc_cpu.benchmarks.command import bench
 
     plot = tmp_path / "pareto.png"
-    result = CliRunner().invoke(bench, ["recompute", "--model", str(tiny_model_path), "--n", "0", "--json",
+    result = CliRunner().invoke(bench, ["recompute", "run", "--model", str(tiny_model_path), "--n", "0", "--json",
                                         "--ttft-tokens", "120", "--quick", "--policy", "0",
                                         "--policy", "select:50%", "--policy", "all"])
     assert result.exit_code == 0, result.output
@@ -83,7 +83,7 @@ def test_a_bad_policy_is_refused_before_the_model_loads():
 
     from pc_cpu.benchmarks.command import bench
 
-    result = CliRunner().invoke(bench, ["recompute", "--policy", "sometimes", "--model", "/nonexistent.gguf"])
+    result = CliRunner().invoke(bench, ["recompute", "run", "--policy", "sometimes", "--model", "/nonexistent.gguf"])
     assert result.exit_code != 0 and "sometimes" in str(result.exception or result.output)
 
 
@@ -125,6 +125,50 @@ def test_versus_pairs_each_policy_with_the_other_runs_answers_by_question():
     assert rows["0"]["n"] == 2 and rows["0"]["wins_losses"] == "1/0"  # questions 1 and 2 only
     assert rows["0"]["diff_pts"].startswith("+50.0")
     assert "| 0 | 2 | +50.0" in versus_markdown(list(rows.values()))
+
+
+def _write(path, answers):
+    path.write_text("".join(json.dumps(asdict(a)) + "\n" for a in answers))
+    return str(path)
+
+
+def test_summarize_reads_several_runs_files_with_no_model(tmp_path):
+    from click.testing import CliRunner
+
+    from pc_cpu.benchmarks.command import bench
+
+    answers = [replace(a, gold_index=a.index) for a in _answers("baseline", [True, True]) + _answers("0", [False, True])]
+    first = _write(tmp_path / "a.jsonl", answers[:1] + answers[2:3])  # question 0 in one run, question 1 in the other
+    second = _write(tmp_path / "b.jsonl", answers[1:2] + answers[3:])
+    ttft = tmp_path / "ttft.json"
+    ttft.write_text(json.dumps({"ttft": {"repeats": 1, "cached_tokens": 4000, "uncached_tokens": 9,
+                                         "ttft_ms": {"baseline": 900.0, "0": 30.0},
+                                         "speedup": {"baseline": 1.0, "0": 30.0}}}))
+
+    result = CliRunner().invoke(bench, ["recompute", "summarize", first, second, "--ttft-json", str(ttft), "--json"])
+
+    assert result.exit_code == 0, result.output
+    rows = {r["policy"]: r for r in json.loads(result.output)["rows"]}
+    assert rows["0"]["n"] == 2 and rows["0"]["wins_losses"] == "0/1" and rows["0"]["speedup_long"] == 30.0
+    text = CliRunner().invoke(bench, ["recompute", "summarize", first, second]).output
+    assert "| 0 | 2 | 50.0%" in text and "Exact matches by gold position" in text
+
+
+def test_compare_gives_each_policys_paired_difference_to_the_other_run(tmp_path):
+    from click.testing import CliRunner
+
+    from pc_cpu.benchmarks.command import bench
+
+    mine = _write(tmp_path / "chain.jsonl", _answers("baseline", [True, False, True]) + _answers("0", [True, True, False]))
+    other = _write(tmp_path / "preamble.jsonl",
+                   _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1))
+
+    result = CliRunner().invoke(bench, ["recompute", "compare", mine, "--versus", other])
+
+    assert result.exit_code == 0, result.output
+    assert "| baseline | 3 | +33.3" in result.output and "| 0 | 2 | +50.0" in result.output
+    missing = CliRunner().invoke(bench, ["recompute", "compare", mine])
+    assert missing.exit_code != 0 and "--versus" in missing.output
 
 
 def test_a_gap_declares_the_next_items_passages_before_the_imported_ones_and_leaves_them_out(make_cache):
@@ -192,7 +236,7 @@ def test_start_and_stop_answer_a_slice_of_the_whole_runs_items(tiny_model_path, 
         f.writelines(json.dumps(r) + "\n" for r in nq)
     monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
     out = tmp_path / "a.jsonl"
-    args = ["recompute", "--model", str(tiny_model_path), "--n", "10", "--docs", "3", "--policy", "0",
+    args = ["recompute", "run", "--model", str(tiny_model_path), "--n", "10", "--docs", "3", "--policy", "0",
             "--ttft-tokens", "0", "--json"]
 
     result = CliRunner().invoke(bench, args + ["--start", "4", "--stop", "7", "--out", str(out)])
