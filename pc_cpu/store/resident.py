@@ -55,10 +55,6 @@ class ResidentTier:
         """Returns the positions `key` holds cells at."""
         return self._where[key].intervals[key]
 
-    def cells_of(self, key: ModuleKey) -> int:
-        """Returns the KV cells `key` holds."""
-        return sum(b - a for a, b in self.intervals(key))
-
     def fits(self, intervals: tuple[Interval, ...]) -> bool:
         """Returns True when some library sequence holds nothing at `intervals` (put would succeed)."""
         return any(not library.overlaps(intervals) for library in self._libraries)
