@@ -22,39 +22,37 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from pc_cpu import document_settings
 from pc_cpu.documents import Documents
-from pc_cpu.engine.blend import Blender
+from pc_cpu.engine.blend import Blender, LazyBlender
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.modules import ModuleCache
-from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.sampler import SamplingParams
-from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, SchemaPrompt, Scheduler, prefill_slot
+from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler
+from pc_cpu.engine.schema_prompt import SchemaPrompt
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import (CancelledError, ContextBeyondTrainingError, ContextOverflowError, PromptCacheError,
-                           UnknownSchemaError)
+from pc_cpu.errors import ContextBeyondTrainingError, PromptCacheError
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.documents import DocumentPrompt, check_document_policy
-from pc_cpu.pml.encoding import check_mode, check_scaffolds, encode_cells, encoding_keys, encoding_runs
-from pc_cpu.pml.fold import fold_layout
-from pc_cpu.pml.layout import ROOT, Layout, build_layout
+from pc_cpu.pml.encoding import check_mode
+from pc_cpu.pml.layout import Layout
 from pc_cpu.pml.plan import Plan, build_plan
 from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.roles import markup_from_template
 from pc_cpu.pml.schema import Schema, parse_schema
-from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel, paced
+from pc_cpu.progress import ProgressCallback, paced
 from pc_cpu.result import Result
+from pc_cpu.schemas import LoadedSchema, Schemas
 from pc_cpu.store.disk import DiskStore, default_store_dir
 from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, library_directory
 from pc_cpu.store.ram import RamStore
@@ -62,12 +60,6 @@ from pc_cpu.store.resident import ResidentTier
 from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)
-
-
-@dataclass(frozen=True)
-class LoadedSchema:
-    schema: Schema
-    layout: Layout
 
 
 class PromptCache:
@@ -126,7 +118,6 @@ class PromptCache:
             raise
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
-        self._schemas: dict[str, LoadedSchema] = {}
         self.roles = roles
         self._resident = ResidentTier(list(roles.libraries))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
@@ -140,20 +131,21 @@ class PromptCache:
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, roles.workspace)
         # load_schema computes modules here, giving way to running prompts between batches (_precompute).
-        self._adder_workspace = None if workspace is None else Workspace(self.prompts, roles.adder)
+        adder = None if workspace is None else Workspace(self.prompts, roles.adder)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, roles, mode=self.encoding, workspace=workspace,
                                    rope=ropes)
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
-        self._scheduler = Scheduler(self.ctx, self.prompts, self.modules, roles, self._lock,
-                                    batch_invariant=batch_invariant)
+        self._scheduler = Scheduler(self.ctx, self.prompts, roles, self._lock, batch_invariant=batch_invariant)
+        self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
+        self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._lock, mode=self.encoding,
+                               n_ctx=self.ctx.n_ctx, adder=adder, adding=self._adding)
 
     # --- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
         """Stops the scheduler, then frees the contexts, then the model."""
         self._scheduler.close()
-        if self._scheduler.blender is not None:
-            self._scheduler.blender.close()
+        self._blender.close()
         self.prompts.close()
         self.ctx.close()
         self.model.close()
@@ -183,80 +175,11 @@ class PromptCache:
         Raises:
             CancelledError: `cancel` was set before every encoding was done.
         """
-        schema = parse_schema(pml)
-        with self._lock:
-            loaded = self._schemas.get(schema.name)
-            if loaded is None or loaded.schema.source != schema.source:
-                if loaded is not None:
-                    self.unload_schema(schema.name)
-                layout = self._layout(schema)
-                check_scaffolds(layout)
-                self._check_fits(layout)
-                loaded = LoadedSchema(schema, layout)
-                self._schemas[schema.name] = loaded
-            if encode:
-                try:
-                    self._encode(loaded, progress, cancel)
-                except CancelledError:
-                    if self._schemas.get(schema.name) is loaded:
-                        self.unload_schema(schema.name)
-                    raise
-        return loaded.schema
-
-    def _encode(self, loaded: LoadedSchema, progress: ProgressCallback | None,
-                cancel: threading.Event | None = None) -> None:
-        """Makes every encoding of a loaded schema resident (and stored), one at a time, reporting progress."""
-        layout = loaded.layout
-        keys = encoding_keys(layout, self.encoding)
-        tracker = ProgressTracker(layout.schema, {key: sum(len(run.tokens) for run in encoding_runs(
-            layout, key, self.encoding)) for key in keys}, progress)
-        # One encoding at a time: a schema larger than the context evicts its own earlier
-        # modules from the context; they stay in the byte tiers. After each, running prompts get
-        # the context for as long as it took (Scheduler.give_way), so a long schema does not stall them.
-        for key in keys:
-            started = time.perf_counter()
-            check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
-            if self._schemas.get(layout.schema) is not loaded:
-                return  # unloaded or replaced meanwhile: its encodings are no longer wanted
-            self._precompute(layout, key, tracker, cancel)
-            if self._schemas.get(layout.schema) is not loaded:
-                return  # unloaded or replaced while prompts ran in between
-            self.modules.ensure(layout, [key], on_computed=tracker.computed)
-            tracker.finished(key)
-            self._scheduler.give_way(time.perf_counter() - started)
-        if not keys and progress is not None:
-            progress(tracker.last)  # nothing to encode: one event, already finished
-
-    def _precompute(self, layout: Layout, key: str, tracker: ProgressTracker,
-                    cancel: threading.Event | None = None) -> None:
-        """Computes encoding `key` into the store batch by batch, running prompts decoding in between.
-
-        In add_document's stream, when it is free (never waiting for it while holding the
-        context lock: an add holds the stream and waits for the lock). Otherwise, and for
-        encodings ModuleCache.precompute leaves to `ensure`, `ensure` computes it in one go.
-        """
-        if self._adder_workspace is None or self._lock.nested or not self._adding.acquire(blocking=False):
-            return
-        try:
-            def report(n: int) -> None:
-                tracker.computed(key, n)
-                check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
-
-            self.modules.precompute(layout, key, self._adder_workspace, on_computed=self._paced(report))
-        finally:
-            self._adding.release()
-
-    def _paced(self, report: Callable[[int], None]) -> Callable[[int], None]:
-        """Returns the after-batch callback of a long encoding: `report`, then running prompts' turn (give_way)."""
-        return paced(report, self._scheduler.give_way)
+        return self.schemas.load(pml, encode=encode, progress=progress, cancel=cancel)
 
     def unload_schema(self, name: str) -> None:
         """Drops a schema and frees its modules' cells."""
-        with self._lock:
-            self._loaded(name)
-            self._scheduler.drop_held()
-            self.modules.evict(name)
-            del self._schemas[name]
+        self.schemas.unload(name)
 
     def evict(self, schema: str | None = None) -> int:
         """Frees the KV cells of encoded modules (of one schema when given); returns the library cells freed.
@@ -270,20 +193,15 @@ class PromptCache:
 
     def inspect_schema(self, pml: str) -> Layout:
         """Returns the layout of a schema without loading or encoding it."""
-        return self._layout(parse_schema(pml))
-
-    def _layout(self, schema: Schema) -> Layout:
-        """Returns the schema's layout, folded when it spans more positions than a prompt holds (pc_cpu.pml.fold)."""
-        limit = min(self.ctx.n_ctx, self.model.info.n_ctx_train or self.ctx.n_ctx)
-        return fold_layout(build_layout(schema, self.model, self.markup), limit)
+        return self.schemas.layout_of(parse_schema(pml))
 
     def layout(self, name: str) -> Layout:
         """Returns the layout of a loaded schema."""
-        return self._loaded(name).layout
+        return self.schemas.get(name).layout
 
     @property
     def schema_names(self) -> list[str]:
-        return list(self._schemas)
+        return self.schemas.names
 
     @property
     def resident_cells(self) -> int:
@@ -291,25 +209,11 @@ class PromptCache:
         return self._resident.cells
 
     def _loaded(self, name: str) -> LoadedSchema:
-        try:
-            return self._schemas[name]
-        except KeyError:
-            known = ", ".join(self._schemas) or "none"
-            raise UnknownSchemaError(f"schema {name!r} is not loaded (loaded: {known}); load it first") from None
+        return self.schemas.get(name)
 
-    def _check_fits(self, layout: Layout) -> None:
-        # Folded or not, every module must lie inside the context (ROOT's closing text is the prompt's).
-        last = max((m.end for name, m in layout.modules.items() if name != ROOT), default=layout.preamble_end)
-        if last > self.ctx.n_ctx:
-            raise ContextOverflowError(f"schema {layout.schema!r} has a module that ends at position {last} (after "
-                                       f"the preamble) but the context has {self.ctx.n_ctx}; raise n_ctx or split "
-                                       "the module")
-        needed = max((encode_cells(layout, key, self.encoding) for key in encoding_keys(layout, self.encoding)),
-                     default=0)
-        if needed > self.ctx.n_ctx:
-            raise ContextOverflowError(
-                f"schema {layout.schema!r} has an encoding that needs {needed} KV cells to compute, but the "
-                f"context has {self.ctx.n_ctx}; raise n_ctx or split the module")
+    def _paced(self, report: Callable[[int], None]) -> Callable[[int], None]:
+        """Returns the after-batch callback of a long encoding: `report`, then running prompts' turn (give_way)."""
+        return paced(report, self._scheduler.give_way)
 
     # --- prompts ------------------------------------------------------------
 
@@ -348,9 +252,8 @@ class PromptCache:
             plan = self._plan_of(prompt, options.recompute)
             loaded = self._loaded(plan.schema)
             if plan.selected_tokens and options.use_cache:
-                self._ensure_blender()
-        work = SchemaPrompt(plan, loaded.layout, options.use_cache, self.ctx, self.prompts, self.modules,
-                            lambda: self._scheduler.blender)
+                self._blender.get()  # loads the probe here, so that a failure is the caller's
+        work = SchemaPrompt(plan, loaded.layout, options.use_cache, self.prompts, self.modules, self._blender.get)
         return self._submit(work, sampling, options, t0)
 
     def _plan_of(self, prompt: "str | Plan", recompute) -> Plan:
@@ -518,27 +421,18 @@ class PromptCache:
         with self._lock:
             self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
             self.prepare(plan, use_cache=use_cache)
-            if plan.selected_tokens and use_cache:
-                self._ensure_blender()
-            return prefill_slot(self.ctx, self.modules, self._loaded(plan.schema).layout, plan, PROMPT_SEQ, use_cache=use_cache, prompts=self.prompts,
-                                blender=self._scheduler.blender)
+            work = SchemaPrompt(plan, self._loaded(plan.schema).layout, use_cache, self.prompts, self.modules,
+                                self._blender.get)
+            return work.prefill(PROMPT_SEQ)
 
-    def _ensure_blender(self) -> Blender:
-        """Returns the selector of `select:` recomputation, loading the probe model on first use."""
-        if self._scheduler.blender is None:
-            probe = Probe(self.model, n_ctx=self.ctx.n_ctx, threads=self.ctx.threads,
-                          flash_attn=self.ctx.config.flash_attn)
-            self._scheduler.blender = Blender(self.ctx, probe, self._resident.idle_seqs, self.roles.scratch)
-        return self._scheduler.blender
+    @property
+    def blender(self) -> Blender | None:
+        """Returns the selector of `select:` recomputation once a prompt has loaded it, else None (tests, tools)."""
+        return self._blender.loaded
 
     def _load_attached_schema(self, prompt_pml) -> None:
-        # Prompts made by pc_cpu.compile carry their schema; load it on first use.
-        schema_pml = getattr(prompt_pml, "schema_pml", None)
-        if schema_pml:
-            name = parse_schema(schema_pml).name
-            if name not in self._schemas or self._schemas[name].schema.source != schema_pml:
-                self.load_schema(schema_pml)
-
+        # Prompts made by pc_cpu.pml.compiler carry their schema; load it on first use.
+        self.schemas.load_attached(prompt_pml)
 
 def _check_training_context(n_ctx: int, model: Model) -> None:
     """Raises ContextBeyondTrainingError when n_ctx exceeds the positions the model was trained on (0: unknown).
