@@ -305,14 +305,14 @@ class PromptCache:
         with self._adding, self._lock:
             return self.documents.add(new, pace=self._paced, progress=progress, cancel=cancel)
 
-    def remove_document(self, id_or_name: str) -> None:
-        """Forgets a document and deletes its encodings from every tier; other documents are untouched.
+    def remove_document(self, id_or_name: str) -> Document:
+        """Returns the document it forgot, after deleting its encodings from every tier; other documents are untouched.
 
         Raises:
             UnknownDocumentError: nothing has this id or name.
         """
         with self._lock:
-            self.documents.remove(id_or_name)
+            return self.documents.remove(id_or_name)
 
     def list_documents(self) -> list[Document]:
         """Returns every document of the library (id, text, names, added), oldest first."""

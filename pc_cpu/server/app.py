@@ -138,7 +138,7 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         options = body.options()
         id_ = api.new_id("cmpl")
         prompt = body.prompt_pml()
-        feed = open_feed(lambda: cache.stream(prompt, **options))
+        feed = open_feed(lambda: cache.stream(prompt, options))
         return await _answer(feed, request, body.stream,
                              whole=lambda result: api.completion_json(id_, model_name, result),
                              chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result))
@@ -164,12 +164,8 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
 
     @app.delete("/v1/documents/{id_or_name:path}")  # :path: a name may hold a slash
     async def delete_document(id_or_name: str):
-        def remove():  # UnknownDocumentError: 404 (pc_cpu.server.http_errors)
-            doc = cache.library.resolve(id_or_name)
-            cache.remove_document(doc.id)
-            return doc
-
-        doc = await run_in_threadpool(remove)
+        # UnknownDocumentError: 404 (pc_cpu.server.http_errors)
+        doc = await run_in_threadpool(cache.remove_document, id_or_name)
         return {"id": doc.id, "object": "document", "names": list(doc.names), "deleted": True}
 
     @app.post("/v1/chat/completions")
@@ -178,13 +174,14 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         if body.documents is not None:
             question, system = body.question()
             documents = list(body.documents)
-            feed = open_feed(lambda: cache.stream_ask(question, documents=documents, system=system, **options))
+            feed = open_feed(lambda: cache.stream_ask(question, options, documents=documents, system=system,
+                                                       setting=body.setting, order=body.order))
         else:
             layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
             prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
                                      import_names=names)
-            feed = open_feed(lambda: cache.stream(prompt, **options))
+            feed = open_feed(lambda: cache.stream(prompt, options))
         id_ = api.new_id("chatcmpl")
 
         def chunk(text, result=None):

@@ -19,6 +19,7 @@ Differences from OpenAI, on purpose:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Literal, Optional, Union
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
+from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
 from pc_cpu.server.chat import Message
@@ -98,14 +100,13 @@ class SamplingRequest(RequestBody):
             raise ValueError(str(exc)) from None
         return self
 
-    def options(self) -> dict:
-        """Returns the keyword arguments of PromptCache.stream for this request."""
+    def options(self) -> GenerationOptions:
+        """Returns the generation options of this request (pc_cpu.options)."""
         if self.n != 1:
             raise PromptCacheError(f"n={self.n}: this server returns one choice; send n=1")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        return {"max_tokens": self.max_tokens or DEFAULT_MAX_TOKENS, "temperature": self.temperature,
-                "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed or 0, "stop": stop,
-                "use_cache": self.use_cache, "recompute": self.recompute}
+        return GenerationOptions(max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS, temperature=self.temperature,
+                                 top_k=self.top_k, top_p=self.top_p, seed=self.seed or 0, stop=self.stop or (),
+                                 use_cache=self.use_cache, recompute=self.recompute)
 
 
 class CompletionRequest(SamplingRequest):
@@ -172,12 +173,10 @@ class ChatRequest(SamplingRequest):
                              f"the question; got roles {roles}")
         return self
 
-    def options(self) -> dict:
+    def options(self) -> GenerationOptions:
         options = super().options()
         if self.max_tokens is None and self.max_completion_tokens is not None:
-            options["max_tokens"] = self.max_completion_tokens
-        if self.documents is not None:
-            options.update(setting=self.setting, order=self.order)
+            options = dataclasses.replace(options, max_tokens=self.max_completion_tokens)
         return options
 
     def question(self) -> tuple[str, str | None]:
