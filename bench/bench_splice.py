@@ -1,8 +1,9 @@
-"""Splice throughput: libpc_native vs the numpy fallback vs a plain copy of the same bytes.
+"""Blob throughput: libpc_native vs the numpy fallback vs a plain copy of the same bytes.
 
 Encodes --tokens tokens of SmolLM2-135M (F16 KV cache) as --modules modules at disjoint
 positions, each in its own sequence, saves each with llama_state_seq_get_data, then times
-splicing all of them into one restore blob. Relocation is timed on the largest module too.
+splicing all of them into one restore blob, ordering a splice made out of position order and
+restreaming it (what every schema prompt runs). Relocation is timed on the largest module too.
 
     python bench/bench_splice.py                 # 4,000 tokens, 4 modules, flash attention off and on
     python bench/bench_splice.py --tokens 1000 --fa off
@@ -103,17 +104,23 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 def bench(blobs: list[bytes], rope: RopeParams, repeats: int) -> list[tuple[str, int, float]]:
     """(what, bytes, seconds) rows; "into buffer" rows reuse one preallocated output."""
-    out_size = state_blob.splice_size(blobs)
+    out_size = len(state_blob.splice(blobs))
     src = np.frombuffer(b"".join(blobs), np.uint8)[:out_size]
     dst = np.empty_like(src)
     buf = bytearray(out_size)
+    zeros = [0] * len(blobs)
     impls = ([("C", native)] if native.available() else []) + [("numpy", state_blob)]
     rows = [("memcpy into buffer (numpy copyto)", out_size, best_seconds(lambda: np.copyto(dst, src), repeats))]
     rows += [(f"splice into buffer, {name}", out_size,
-              best_seconds(lambda m=m: m.splice_into(blobs, buf), repeats)) for name, m in impls]
+              best_seconds(lambda m=m: m.assemble_into(blobs, zeros, None, 1, buf), repeats)) for name, m in impls]
     rows.append(("copy into new bytearray", out_size, best_seconds(lambda: bytearray(src), repeats)))
     rows += [(f"splice into new bytearray, {name}", out_size,
               best_seconds(lambda m=m: m.splice(blobs), repeats)) for name, m in impls]
+    shuffled = bytes(state_blob.splice(blobs[::-1]))  # cells out of position order, as a staging sequence's
+    rows += [(f"order by position, {name}", out_size,
+              best_seconds(lambda m=m: m.order_by_position(shuffled), repeats)) for name, m in impls]
+    rows += [(f"restream to 8 streams, {name}", out_size,
+              best_seconds(lambda m=m: m.restream(shuffled, 8), repeats)) for name, m in impls]
     big = max(blobs, key=len)
     rows += [(f"relocate one module, {name}", len(big),
               best_seconds(lambda m=m: m.relocate(big, 4096, rope), repeats)) for name, m in impls]

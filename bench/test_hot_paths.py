@@ -1,4 +1,5 @@
-"""Hot-path microbenchmarks (pytest-benchmark): assembly of N modules, blob splice, suffix decode, recompute.
+"""Hot-path microbenchmarks (pytest-benchmark): assembly of N modules, blob splice, ordering and
+restreaming a prompt's cells, suffix decode, recompute.
 
     pytest bench/ --benchmark-only            # not part of the default run (testpaths = tests)
 
@@ -60,24 +61,57 @@ def test_splice_module_blobs(benchmark, pc, impl):
     """Splices the RAM tier's blobs of the 32-module schema into one restore blob."""
     if impl is native and not native.available():
         pytest.skip("libpc_native not built")
-    ram = pc.store.tiers[0]
-    blobs = [ram.get(k).payload for k in ram.keys() if k.describe().find("m") >= 0]
-    blobs = _disjoint(blobs)
-    assert len(blobs) >= 4
+    blobs = _module_blobs(pc, 32)
     out = benchmark(impl.splice, blobs)
     assert len(out) > sum(map(len, blobs)) // 2
 
 
-def _disjoint(blobs):
-    """Keeps blobs whose position ranges do not overlap (one per module position)."""
-    kept, taken = [], []
-    for b in blobs:
-        info = state_blob.scan(b)
-        lo, hi = info.pos_min, info.pos_max
-        if all(hi < a or lo > z for a, z in taken):
-            kept.append(b)
-            taken.append((lo, hi))
-    return kept
+@pytest.mark.parametrize("impl", [pytest.param(native, id="native"), pytest.param(state_blob, id="numpy")])
+def test_order_schema_prompt_in_place(benchmark, pc, impl):
+    """Sorts a 32-module prompt's cells, read out of position order, in the buffer they were read into.
+
+    What pc_cpu.engine.streams.move_to_stream does to every schema prompt: library slots hold
+    cells in the order they were encoded, not by position. Each round starts from the unsorted bytes.
+    """
+    if impl is native and not native.available():
+        pytest.skip("libpc_native not built")
+    staged = bytes(state_blob.splice(_module_blobs(pc, 32)[::-1]))
+    buf = bytearray(len(staged))
+
+    def unsorted():
+        buf[:] = staged
+        return (buf,), {}
+
+    benchmark.pedantic(impl.order_in_place, setup=unsorted, rounds=15)
+    assert bytes(buf) == bytes(state_blob.order_by_position(staged)) != staged
+
+
+@pytest.mark.parametrize("impl", [pytest.param(native, id="native"), pytest.param(state_blob, id="numpy")])
+def test_order_and_restream_schema_prompt(benchmark, pc, impl):
+    """Sorts the same prompt's cells into a new blob and restreams it for the prompt context (two new buffers).
+
+    What move_to_stream did before sorting in place, and still does for a blob of several KV caches.
+    """
+    if impl is native and not native.available():
+        pytest.skip("libpc_native not built")
+    staged = bytes(state_blob.splice(_module_blobs(pc, 32)[::-1]))
+    n_stream = pc.prompts.n_stream
+    out = benchmark(lambda: impl.restream(impl.order_by_position(staged), n_stream))
+    assert state_blob.scan(out).n_stream == n_stream
+
+
+def _module_blobs(pc, n: int) -> list[bytes]:
+    """Returns n copies of a stored module encoding, moved to disjoint positions one after another.
+
+    The schema's modules share one text, so the store holds one encoding (at its home) that every
+    module position reuses: moved copies are the cells a prompt of n modules holds.
+    """
+    ram = pc.store.tiers[0]
+    blob = max((ram.get(k).payload for k in ram.keys()), key=len)
+    info = state_blob.scan(blob)
+    span = info.pos_max + 1
+    rope = pc.model.rope()
+    return [bytes(state_blob.relocate(blob, k * span, rope)) if k else blob for k in range(n)]
 
 
 def test_suffix_decode(benchmark, pc):

@@ -1,6 +1,6 @@
 /* pc_blob.h — internal to pc_native: the bounds-checked reader and the parsed layout of a
- * sequence-state blob, shared by scan (pc_state.c), splice (pc_splice.c) and relocate
- * (pc_relocate.c). Not installed; the format itself is described in pc_state.h. */
+ * sequence-state blob, shared by scan (pc_state.c), splice (pc_splice.c), relocate
+ * (pc_relocate.c) and restream/order (pc_stream.c). Not installed; the format itself is described in pc_state.h. */
 #ifndef PC_BLOB_H
 #define PC_BLOB_H
 
@@ -43,6 +43,7 @@ typedef struct {
     uint32_t n_cell;
     size_t cells_off;       /* offset of the first cell record */
     size_t data_off;        /* offset of the v_trans field */
+    size_t end_off;         /* offset just past the stream's last layer record (0 when empty) */
     int32_t pos_min;        /* -1 when empty */
     int32_t pos_max;        /* inclusive, -1 when empty */
     uint32_t v_trans;
@@ -115,7 +116,7 @@ typedef struct {
     float cos_t[PC_MAX_ROT / 2], sin_t[PC_MAX_ROT / 2];
 } pc_rope_plan;
 
-/* Everything pc_state_relocate_caches() refuses before it changes a byte, for a parsed blob. */
+/* Everything pc_state_relocate() refuses before it changes a byte, for a parsed blob. */
 int pc_relocate_check(const uint8_t *blob, size_t size, const pc_layout *lay, int32_t delta,
                       const pc_rope_params *ropes, uint32_t n_ropes);
 

@@ -190,8 +190,7 @@ int pc_relocate_check(const uint8_t *blob, size_t size, const pc_layout *lay, in
     return PC_OK;
 }
 
-int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
-                             uint32_t n_ropes) {
+int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes, uint32_t n_ropes) {
     pc_layout lay;
     int rc;
     if (!blob) return PC_ERR_ARGUMENT;
@@ -206,8 +205,4 @@ int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc
         k_layers_rotate(blob, size, sec, &ropes[s], delta);
     }
     return PC_OK;
-}
-
-int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope) {
-    return pc_state_relocate_caches(blob, size, delta, rope, 1);
 }

@@ -302,9 +302,3 @@ int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const in
     if (!deltas || n_stream == 0 || n_stream > PC_MAX_STREAM) return PC_ERR_ARGUMENT;
     return splice_moved(blobs, sizes, deltas, n_blobs, ropes, n_ropes, n_stream, out, out_capacity, out_size);
 }
-
-int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-                         size_t *out_size) {
-    const int rc = pc_state_splice(blobs, sizes, n_blobs, NULL, 0, out_size);
-    return rc == PC_ERR_CAPACITY ? PC_OK : rc;
-}

@@ -80,6 +80,7 @@ static int section_parse(pc_reader *r, int32_t seq_id, uint32_t ext, pc_section 
         sec->n_cell = n_cell;
         if ((rc = cells_parse(r, seq_id, ext, sec)) != PC_OK) return rc;
         if ((rc = data_parse(r, sec)) != PC_OK) return rc;
+        sec->end_off = r->off;
     }
     return PC_OK;
 }

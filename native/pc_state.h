@@ -35,7 +35,7 @@
 #define PC_API __attribute__((visibility("default")))
 #endif
 
-#define PC_NATIVE_VERSION 3
+#define PC_NATIVE_VERSION 4
 
 typedef enum {
     PC_OK = 0,
@@ -94,11 +94,6 @@ PC_API int32_t pc_native_version(void);
  * (TRUNCATED, BAD_MAGIC, CORRUPT, UNSUPPORTED). *out is written only on success. */
 PC_API int pc_state_scan(const uint8_t *blob, size_t size, pc_state_info *out);
 
-/* Computes in *out_size the bytes pc_state_splice() writes for the same blobs.
- * Returns the same codes as pc_state_splice() (never PC_ERR_CAPACITY). */
-PC_API int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-                                size_t *out_size);
-
 /* Merges n_blobs >= 1 blobs into one blob that a single llama_state_seq_set_data() restores:
  * per section, the cells of blob 0, then blob 1, ... in one stream (the first non-empty one);
  * K rows and V rows (or V elements, when transposed) concatenated in the same order. The header
@@ -111,28 +106,23 @@ PC_API int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes
 PC_API int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
                            uint8_t *out, size_t out_capacity, size_t *out_size);
 
-/* Moves every cell of a blob by delta positions, in place: adds delta to each position and
- * re-rotates each K row by the RoPE angle of delta, as llama_memory_seq_add's K-shift does
- * (pair i turns by delta * freq_base^(-2i/n_rot) * freq_scale). F16 and F32 K only.
- * Validates everything first: on any error the blob is unchanged. Returns PC_OK; a scan error;
- * PC_ERR_ARGUMENT for a NULL or invalid rope, rope sizes that do not match a layer's K row, or
- * a position leaving [0, INT32_MAX]; PC_ERR_UNSUPPORTED for another K type, a blob with an ext
- * record (M-RoPE) or more than one section (iswa caches rotate with different bases).
+/* Moves every cell of a blob of n_ropes KV caches by delta positions, in place: adds delta to each
+ * position and re-rotates each K row by the RoPE angle of delta, as llama_memory_seq_add's K-shift
+ * does (pair i turns by delta * freq_base^(-2i/n_rot) * freq_scale), each cache with its own rope
+ * (an iswa model's base cache, then its sliding-window cache, whose layers use another RoPE base).
+ * F16 and F32 K only. Validates every cache first: on any error the blob is unchanged.
+ * Returns PC_OK; a scan error; PC_ERR_UNSUPPORTED for another K type, a blob with an ext record
+ * (M-RoPE), or n_ropes == 1 for a blob of several caches; PC_ERR_ARGUMENT for blob NULL, ropes
+ * NULL, n_ropes other than the blob's cache count, an invalid rope, rope sizes that do not match
+ * a layer's K row, or a position leaving [0, INT32_MAX].
  * A NaN produced by the rotation is written as the canonical quiet NaN (F32 0x7fc00000,
  * F16 0x7e00). delta == 0 validates and changes nothing. */
-PC_API int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope);
-
-/* pc_state_relocate for a blob of n_ropes KV caches, each re-rotated with its own rope (an iswa
- * model's base cache, then its sliding-window cache, whose layers use another RoPE base).
- * n_ropes must equal the blob's section count (else PC_ERR_ARGUMENT; n_ropes == 1 with several
- * sections is PC_ERR_UNSUPPORTED, as pc_state_relocate). Every section is validated before any
- * byte changes. */
-PC_API int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
-                                    uint32_t n_ropes);
+PC_API int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
+                             uint32_t n_ropes);
 
 /* One call from saved blobs to a prompt's restore blob: splices n_blobs blobs as
  * pc_state_splice() does, moving blob b's cells by deltas[b] on the way (positions shifted, K
- * re-rotated with ropes, one per KV cache, as pc_state_relocate_caches()), and writes n_stream
+ * re-rotated with ropes, one per KV cache, as pc_state_relocate()), and writes n_stream
  * streams per cache with every cell in stream 0 (a context with one stream per sequence restores
  * a sequence's cells into its own stream). The bytes equal relocating each blob, splicing, and
  * rewriting the stream count, without the relocated copies. ropes are read only for blobs with
@@ -141,5 +131,27 @@ PC_API int pc_state_relocate_caches(uint8_t *blob, size_t size, int32_t delta, c
 PC_API int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas,
                              size_t n_blobs, const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
                              uint8_t *out, size_t out_capacity, size_t *out_size);
+
+/* Writes to out the blob rewritten for a context of n_stream streams per KV cache: each cache's
+ * cells, their records unchanged, in stream 0, and the other streams empty. llama.cpp refuses a
+ * state whose stream count differs from the context's, but restores a sequence's cells into that
+ * sequence's own stream whichever stream they were saved from. Writes the result size to
+ * *out_size on success and on PC_ERR_CAPACITY; out may be NULL when out_capacity is 0; out must
+ * not overlap blob. Returns PC_ERR_ARGUMENT for blob or out_size NULL or n_stream outside 1..256
+ * (judged before the blob), else a scan error. */
+PC_API int pc_state_restream(const uint8_t *blob, size_t size, uint32_t n_stream,
+                             uint8_t *out, size_t out_capacity, size_t *out_size);
+
+/* Writes to out the blob with each KV cache's cells sorted by position: cell records, K rows and
+ * V rows (or each V element run, when transposed) permuted alike, every other byte unchanged, so
+ * that a restored prompt sits in its stream as a fresh prefill of the same tokens would. The
+ * result has the blob's size. Sets *in_order to 1 and writes nothing when every cache is already
+ * in order (out may then be NULL), else to 0. Returns PC_ERR_ARGUMENT for blob or in_order NULL;
+ * a scan error; PC_ERR_OVERLAP when two cells of one cache share a position (judged cache by
+ * cache, before anything is written); PC_ERR_CAPACITY when the blob is out of order and
+ * out_capacity < size (out may be NULL then); PC_ERR_NOMEM. out may be blob itself, to sort in
+ * place (a temporary the size of one layer's rows is used); otherwise it must not overlap blob. */
+PC_API int pc_state_order(const uint8_t *blob, size_t size, uint8_t *out, size_t out_capacity,
+                          uint32_t *in_order);
 
 #endif

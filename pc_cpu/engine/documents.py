@@ -27,11 +27,10 @@ from functools import cached_property
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
-from pc_cpu.engine.relocate import BLOBS, relocate_blob, scan_blob, splice_blobs
 from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
-from pc_cpu.kvstate import parts, state_blob
+from pc_cpu.kvstate import ops, parts
 from pc_cpu.store.documents import document_label
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
@@ -113,7 +112,7 @@ class DocumentEncoder:
         seq = self.workspace
         try:
             # The preamble restored, not recomputed: the same bytes either way, and no time spent on them.
-            self.prompts.state_set(seq, state_blob.restream(preamble_cells, self.prompts.n_stream))
+            self.prompts.state_set(seq, ops.restream(preamble_cells, self.prompts.n_stream))
             self.prompts.decode(tokens, range(home, home + len(tokens)), seq, logits_last=False,
                                 after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
             self.prompts.seq_rm(seq, 0, home)
@@ -129,7 +128,7 @@ class DocumentEncoder:
             return None
         try:
             (blob,) = parts.unpack(hit.entry.payload)
-            info = scan_blob(blob)
+            info = ops.scan(blob)
             if (info.n_cell, info.pos_min, info.pos_max + 1) != (positions[1] - positions[0], *positions):
                 raise StateBlobError(f"it holds {info.n_cell} cells at [{info.pos_min}, {info.pos_max + 1})",
                                      code="corrupt")
@@ -142,7 +141,7 @@ class DocumentEncoder:
     def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
         # Sequence id 0 whichever workspace computed it (add_document has its own): same tokens, same bytes.
-        blob = bytes(state_blob.with_sequence(state_blob.restream(self.prompts.state_get(seq), 1), 0))
+        blob = bytes(ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), 0))
         self.store.put(key, Entry(parts.pack([blob]), n_tokens, positions))
         self.encoded += 1
         return blob
@@ -161,9 +160,7 @@ class DocumentEncoder:
             moved = [self.move(piece, slot) for piece in pieces]
             if prompt.recomputed:
                 moved = self._recompute(prompt, moved, slot)
-            joined = splice_blobs(moved)
-            blob = bytearray(joined) if not isinstance(joined, bytearray) else joined  # one piece: not the stored bytes
-            self.prompts.state_set(slot, state_blob.restream_in_place(blob, self.prompts.n_stream))
+            self.prompts.state_set(slot, ops.restore_blob(moved, self.prompts.n_stream))
         start = prompt.tail_start
         self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
         return prompt.end
@@ -177,10 +174,10 @@ class DocumentEncoder:
         """
         blobs, deltas = [p.blob for p in pieces], [p.delta for p in pieces]
         try:
-            n = BLOBS.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
+            n = ops.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
         except BufferError:  # a view of the last prompt's bytes outlived it (a traceback holds one): start afresh
             self._buffer = bytearray()
-            n = BLOBS.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
+            n = ops.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
         return memoryview(self._buffer)[:n]
 
     def _recompute(self, prompt: DocumentPrompt, moved: list, empty: int) -> list:
@@ -204,10 +201,9 @@ class DocumentEncoder:
         try:
             for start, end in prompt.recomputed:
                 parts += cached(cursor, start)
-                self.prompts.state_set(ws, state_blob.restream_in_place(bytearray(splice_blobs(parts)),
-                                                                         self.prompts.n_stream))
+                self.prompts.state_set(ws, ops.restore_blob(parts, self.prompts.n_stream))
                 self.prompts.decode(tokens[start:end], range(start, end), ws, logits_last=False)
-                parts, cursor = [state_blob.restream(self.prompts.state_get(ws), 1)], end
+                parts, cursor = [ops.restream(self.prompts.state_get(ws), 1)], end
         finally:
             self.prompts.seq_rm(ws)
         return parts + cached(cursor, prompt.tail_start)
@@ -215,10 +211,10 @@ class DocumentEncoder:
     def _cut(self, blob, lo: int, hi: int, empty: int) -> bytearray:
         """Returns the cells of `blob` at positions [lo, hi), cut by llama.cpp in the free stream `empty`."""
         try:
-            self.prompts.state_set(empty, state_blob.restream(blob, self.prompts.n_stream))
+            self.prompts.state_set(empty, ops.restream(blob, self.prompts.n_stream))
             self.prompts.seq_rm(empty, 0, lo)
             self.prompts.seq_rm(empty, hi, -1)
-            return state_blob.restream(self.prompts.state_get(empty), 1)
+            return ops.restream(self.prompts.state_get(empty), 1)
         finally:
             self.prompts.seq_rm(empty)
 
@@ -227,17 +223,17 @@ class DocumentEncoder:
         if piece.delta == 0:
             return piece.blob
         if self.ropes is not None:
-            return relocate_blob(piece.blob, piece.delta, self.ropes)
+            return ops.relocate(piece.blob, piece.delta, self.ropes)
         seq = self.workspace
         try:
-            self.prompts.state_set(seq, state_blob.restream(piece.blob, self.prompts.n_stream))
-            info = scan_blob(piece.blob)
+            self.prompts.state_set(seq, ops.restream(piece.blob, self.prompts.n_stream))
+            info = ops.scan(piece.blob)
             self.prompts.seq_add(seq, info.pos_min, info.pos_max + 1, piece.delta)
             # The K-shift runs at the next decode, and a saved state does not carry a pending
             # shift: its K would be read out unrotated at the new positions.
             apply_pending_shifts(self.prompts, empty)
             # The blob's own sequence id, as the relocator keeps it: the two ways give the same bytes.
-            return state_blob.with_sequence(state_blob.restream(self.prompts.state_get(seq), 1), info.seq_id)
+            return ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), info.seq_id)
         finally:
             self.prompts.seq_rm(seq)
 

@@ -7,12 +7,11 @@ from typing import Callable
 from dataclasses import dataclass
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.relocate import relocate_blob
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, home_jobs, home_scaffold_job,
                                  scaffold_job)
 from pc_cpu.pml.layout import Layout
-from pc_cpu.kvstate import state_blob
+from pc_cpu.kvstate import ops
 from pc_cpu.store.resident import ResidentTier
 
 OnComputed = Callable[[int], None]  # receives the number of an encoding's tokens one decode batch computed
@@ -88,7 +87,7 @@ def compute_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *,
                     after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
         if job.context:
             work.seq_rm(seq, job.first_position, run.start)
-        return bytes(state_blob.restream(work.state_get(seq), ctx.n_stream))
+        return bytes(ops.restream(work.state_get(seq), ctx.n_stream))
     finally:
         work.seq_rm(seq)
 
@@ -126,7 +125,7 @@ def encode_key_at_home(ctx: Context, layout: Layout, key: str, *, mode: str, shi
     blobs = []
     for parts, start, end in computed:
         for blob in parts:
-            place_blob(ctx, relocate_blob(blob, shift, rope), start + shift, end + shift,
+            place_blob(ctx, ops.relocate(blob, shift, rope), start + shift, end + shift,
                        scratch=scratch, library=library, pin=pin)
         blobs += parts
     return blobs
@@ -167,7 +166,7 @@ def compute_scaffold_in_library(ctx: Context, job: ScaffoldJob, rope, *, scratch
                       on_computed=on_computed)
         blobs = []
         for run, computed in zip(job.runs, job.computed_starts()):
-            blobs += [relocate_blob(blob, run.start - computed, rope)
+            blobs += [ops.relocate(blob, run.start - computed, rope)
                       for blob in _held_blobs(ctx, hold, scratch, computed, computed + len(run.tokens))]
         return blobs
     finally:

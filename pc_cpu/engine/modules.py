@@ -20,12 +20,11 @@ from typing import Callable, Iterable
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.encoder import Workspace, compute_in_workspace, encode_key, encode_key_at_home, pin_cells
-from pc_cpu.engine.relocate import relocate_blob, scan_blob
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
                                  encoding_runs, home_jobs, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
-from pc_cpu.kvstate import parts, state_blob
+from pc_cpu.kvstate import ops, parts
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.store.resident import ResidentTier
@@ -343,8 +342,8 @@ class ModuleCache:
         expected = sum(len(r.tokens) for r in runs)
         try:
             blobs = parts.unpack(entry.payload)
-            infos = [scan_blob(blob) for blob in blobs]  # refuses malformed bytes before llama.cpp sees them
-            if any(info.n_section > 1 and len(set(state_blob.section_cells(blob))) > 1
+            infos = [ops.scan(blob) for blob in blobs]  # refuses malformed bytes before llama.cpp sees them
+            if any(info.n_section > 1 and len(set(ops.section_cells(blob))) > 1
                    for blob, info in zip(blobs, infos)):
                 return "it lacks sliding-window cells (saved whole by an older pc_cpu)"
         except StateBlobError as exc:
@@ -354,7 +353,7 @@ class ModuleCache:
             return (f"it holds {found[0]} cells at [{found[1]}, {found[2]}), the encoding needs {expected} at "
                     f"[{runs[0].start - shift}, {runs[-1].end - shift})")
         try:
-            blobs = [relocate_blob(blob, shift, self.rope) for blob in blobs]
+            blobs = [ops.relocate(blob, shift, self.rope) for blob in blobs]
         except StateBlobError as exc:
             return f"its cells cannot be moved into place ({exc})"
         try:

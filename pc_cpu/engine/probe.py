@@ -29,7 +29,7 @@ from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.model import Model
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
-from pc_cpu.kvstate import state_blob
+from pc_cpu.kvstate import ops
 from pc_cpu.store.disk import cache_dir
 
 PROBE_LAYERS = 2  # layer 0's K/V depend only on the token and its position; layer 1 is the first that differs
@@ -126,7 +126,7 @@ class Probe:
             assemble(self.ctx, Plan(plan.schema, ops, plan.modules), _PROBE_SEQ, lambda key: None)
             apply_pending_shifts(self.ctx, _SHIFT_SEQ)
             if self.layer is None:
-                counts = state_blob.section_layers(self.ctx.state_get(_PROBE_SEQ))
+                counts = ops.section_layers(self.ctx.state_get(_PROBE_SEQ))
                 section = max(i for i, n in enumerate(counts) if n)  # any cache with probe layers does
                 self.layer = (section, counts[section] - 1)
             return layer_values(self.ctx, _PROBE_SEQ, self.layer, _SHIFT_SEQ)
@@ -144,12 +144,12 @@ def layer_values(ctx: Context, seq: int, layer: tuple[int, int], scratch: int) -
     section, index = layer
     spans = ctx.whole_state_spans(ctx.seq_pos_min(seq), ctx.seq_pos_max(seq) + 1)
     if len(spans) <= 1:
-        return state_blob.layer_kv(ctx.state_get(seq), index, section=section)
+        return ops.layer_kv(ctx.state_get(seq), index, section=section)
     parts = []
     for start, end in spans:
         try:
             ctx.seq_cp(seq, scratch, start, end)
-            parts.append(state_blob.layer_kv(ctx.state_get(scratch), index, section=section))
+            parts.append(ops.layer_kv(ctx.state_get(scratch), index, section=section))
         finally:
             ctx.seq_rm(scratch)
     return tuple(np.concatenate(column) for column in zip(*parts))

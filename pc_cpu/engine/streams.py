@@ -32,7 +32,7 @@ from dataclasses import replace
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
-from pc_cpu.kvstate import state_blob
+from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.state_blob import STREAM_COUNT_OFFSET
 
 
@@ -65,19 +65,17 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, 
         library.seq_rm(staging)
     prompts.seq_rm(slot)
     blob = view[:len(view) - other_streams]
-    ordered = None
     try:
-        info = state_blob.scan(blob)
-        ordered = state_blob.order_by_position(blob)  # `blob` itself when already in order
-        if info.n_section == 1 and info.n_stream == 1 and ordered is blob:
-            # The common case, without a copy: the cells are in order and all in the first
-            # stream, so only the stream count changes; the empty streams follow (zeroed room).
+        info = ops.scan(blob)
+        ops.order_in_place(blob)  # in the reused buffer: a new one of this size costs more to map than the sort
+        if info.n_section == 1 and info.n_stream == 1:
+            # The common case, without a copy: the cells are all in the first stream, so only
+            # the stream count changes; the empty streams follow (zeroed room).
             struct.pack_into("<I", view, STREAM_COUNT_OFFSET, prompts.n_stream)
             prompts.state_set(slot, view)
         else:
-            prompts.state_set(slot, state_blob.restream(ordered, prompts.n_stream))  # a copy
+            prompts.state_set(slot, ops.restream(blob, prompts.n_stream))  # a copy
     finally:
-        ordered = None  # may be `blob`, which is released next
         blob.release()
         view.release()
 

@@ -2,12 +2,11 @@
 
 The library is looked for next to the package's modules (``pc_cpu/libpc_native.so``,
 ``.dylib`` or ``pc_native.dll``; scikit-build installs it there). When it is absent or
-reports another ABI version, :func:`available` is False and callers use the numpy
-implementation, which produces the same bytes. Both expose ``scan``, ``splice_size``,
-``splice``, ``splice_into``, ``relocate``, ``assemble`` and ``assemble_into`` with the same signatures, results and
-``StateBlobError.code``:
-
-    impl = native if native.available() else state_blob
+reports another ABI version, :func:`available` is False. Both twins expose ``scan``,
+``splice``, ``relocate``, ``assemble_into``, ``restream``, ``order_by_position`` and
+``order_in_place`` with the
+same signatures, results and ``StateBlobError.code``; :mod:`pc_cpu.kvstate.ops` picks one of
+them once, and the rest of pc_cpu calls that.
 """
 
 from __future__ import annotations
@@ -21,12 +20,14 @@ import numpy as np
 
 from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate.library import library_path
-from pc_cpu.kvstate.state_blob import BlobLike, RopeParams, StateBlobInfo
+from pc_cpu.kvstate.rope import RopeParams
+from pc_cpu.kvstate.state_blob import BlobLike, StateBlobInfo
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 3  # PC_NATIVE_VERSION in native/pc_state.h
+ABI_VERSION = 4  # PC_NATIVE_VERSION in native/pc_state.h
 _INT32 = (-2**31, 2**31 - 1)
+PC_OK = 0
 PC_ERR_ARGUMENT = -4
 PC_ERR_CAPACITY = -8
 
@@ -43,7 +44,7 @@ _STATUS = {
                     "several sequence ids per cell, unknown type) or bytes follow the last cache"),
     -6: ("mismatch", "cannot splice: the blobs differ in layout (model, cache types, n_seq_max, "
                      "kv_unified or flash attention); splice blobs of identically configured contexts"),
-    -7: ("overlap", "cannot splice: two cells share a position; spliced modules need disjoint "
+    -7: ("overlap", "two cells of one KV cache share a position; spliced modules need disjoint "
                     "positions"),
     -8: ("capacity", "output buffer too small for the spliced blob"),
     -9: ("nomem", "pc_native could not allocate temporary memory"),
@@ -81,23 +82,17 @@ def _bind(lib: ctypes.CDLL) -> None:
     # int pc_state_scan(const uint8_t *blob, size_t size, pc_state_info *out);
     lib.pc_state_scan.argtypes = [_u8p, ctypes.c_size_t, ctypes.POINTER(_Info)]
     lib.pc_state_scan.restype = ctypes.c_int
-    # int pc_state_splice_size(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-    #                          size_t *out_size);
-    lib.pc_state_splice_size.argtypes = [ctypes.POINTER(_u8p), ctypes.POINTER(ctypes.c_size_t),
-                                         ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
-    lib.pc_state_splice_size.restype = ctypes.c_int
     # int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
     #                     uint8_t *out, size_t out_capacity, size_t *out_size);
     lib.pc_state_splice.argtypes = [ctypes.POINTER(_u8p), ctypes.POINTER(ctypes.c_size_t),
                                     ctypes.c_size_t, _u8p, ctypes.c_size_t,
                                     ctypes.POINTER(ctypes.c_size_t)]
     lib.pc_state_splice.restype = ctypes.c_int
-    # int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *rope);
-    lib.pc_state_relocate.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope)]
+    # int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
+    #                       uint32_t n_ropes);
+    lib.pc_state_relocate.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope),
+                                      ctypes.c_uint32]
     lib.pc_state_relocate.restype = ctypes.c_int
-    lib.pc_state_relocate_caches.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope),
-                                             ctypes.c_uint32]
-    lib.pc_state_relocate_caches.restype = ctypes.c_int
     # int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas,
     #                       size_t n_blobs, const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
     #                       uint8_t *out, size_t out_capacity, size_t *out_size);
@@ -106,6 +101,15 @@ def _bind(lib: ctypes.CDLL) -> None:
                                       ctypes.c_uint32, ctypes.c_uint32, _u8p, ctypes.c_size_t,
                                       ctypes.POINTER(ctypes.c_size_t)]
     lib.pc_state_assemble.restype = ctypes.c_int
+    # int pc_state_restream(const uint8_t *blob, size_t size, uint32_t n_stream,
+    #                       uint8_t *out, size_t out_capacity, size_t *out_size);
+    lib.pc_state_restream.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_uint32, _u8p, ctypes.c_size_t,
+                                      ctypes.POINTER(ctypes.c_size_t)]
+    lib.pc_state_restream.restype = ctypes.c_int
+    # int pc_state_order(const uint8_t *blob, size_t size, uint8_t *out, size_t out_capacity,
+    #                    uint32_t *in_order);
+    lib.pc_state_order.argtypes = [_u8p, ctypes.c_size_t, _u8p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32)]
+    lib.pc_state_order.restype = ctypes.c_int
 
 
 @functools.cache
@@ -191,43 +195,25 @@ def _splice_error(lib: ctypes.CDLL, status: int, blobs: Sequence[BlobLike]) -> S
     return _error(status)
 
 
-def splice_size(blobs: Sequence[BlobLike]) -> int:
-    """Bytes of ``splice(blobs)``; see :func:`pc_cpu.kvstate.state_blob.splice_size`."""
-    lib = _require()
-    arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
-    need = ctypes.c_size_t(0)
-    status = lib.pc_state_splice_size(ptrs, sizes, len(blobs), ctypes.byref(need))
-    if status:
-        raise _splice_error(lib, status, blobs)
-    return need.value
+def _into(out: bytearray) -> ctypes.Array:
+    """A ctypes array over the non-empty `out`, to pass straight to one call: the temporary dies
+    with the call, and with it the export that would keep `out` from being resized."""
+    return (ctypes.c_uint8 * len(out)).from_buffer(out)
 
 
 def splice(blobs: Sequence[BlobLike]) -> bytearray:
     """Merges blobs into one restore blob; see :func:`pc_cpu.kvstate.state_blob.splice`."""
-    out = bytearray(splice_size(blobs))
-    splice_into(blobs, out)
-    return out
-
-
-def splice_into(blobs: Sequence[BlobLike], out: bytearray | memoryview) -> int:
-    """Splices into a caller's buffer; see :func:`pc_cpu.kvstate.state_blob.splice_into`."""
     lib = _require()
     arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
-    try:
-        dst = (ctypes.c_uint8 * len(memoryview(out).cast("B"))).from_buffer(out)
-    except (TypeError, ValueError):
-        raise StateBlobError("output must be a writable, contiguous buffer (a bytearray)",
-                             code="argument") from None
     need = ctypes.c_size_t(0)
-    status = lib.pc_state_splice(ptrs, sizes, len(blobs), dst if len(dst) else None, len(dst),
-                                 ctypes.byref(need))
-    del dst  # release the export so the buffer stays resizable
+    status = lib.pc_state_splice(ptrs, sizes, len(blobs), None, 0, ctypes.byref(need))  # sizes it
+    out = bytearray()
     if status == PC_ERR_CAPACITY:
-        raise _error(status, f"cannot splice: the result needs {need.value} bytes, the buffer "
-                             f"holds {len(memoryview(out))}; ")
+        out = bytearray(need.value)
+        status = lib.pc_state_splice(ptrs, sizes, len(blobs), _into(out), len(out), ctypes.byref(need))
     if status:
         raise _splice_error(lib, status, blobs)
-    return need.value
+    return out
 
 
 def _rope_struct(rope: RopeParams) -> _Rope:
@@ -248,31 +234,19 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
     except TypeError:
         raise StateBlobError(f"state blob must be bytes-like, not {type(blob).__name__}",
                              code="argument") from None
-    buf = (ctypes.c_uint8 * max(len(out), 1)).from_buffer(out if out else bytearray(1))
-    if isinstance(rope, tuple) and rope and all(isinstance(r, RopeParams) for r in rope):
-        ropes = (_Rope * len(rope))(*(_rope_struct(r) for r in rope))
-        status = lib.pc_state_relocate_caches(buf, len(out), delta, ropes, len(rope))
-    else:
-        c_rope = _rope_struct(rope) if isinstance(rope, RopeParams) else None  # NULL: refused
-        status = lib.pc_state_relocate(buf, len(out), delta, ctypes.byref(c_rope) if c_rope else None)
-    del buf  # release the export so the bytearray stays resizable
+    ropes = rope if isinstance(rope, tuple) and rope and all(isinstance(r, RopeParams) for r in rope) else \
+        (rope,) if isinstance(rope, RopeParams) else None  # None: refused by the C library
+    c_ropes = (_Rope * len(ropes))(*(_rope_struct(r) for r in ropes)) if ropes else None
+    status = lib.pc_state_relocate(_into(out if out else bytearray(1)), len(out), delta, c_ropes,
+                                   len(ropes) if ropes else 1)
     if status:
         raise _error(status, "cannot relocate: ")
     return out
 
 
-def assemble(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
-             n_stream: int) -> bytearray:
-    """Moves and splices blobs into one restore blob; see :func:`pc_cpu.kvstate.state_blob.assemble`."""
-    need = _assemble(blobs, deltas, rope, n_stream, None)
-    out = bytearray(need)
-    _assemble(blobs, deltas, rope, n_stream, out)
-    return out
-
-
 def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
                   n_stream: int, out: bytearray) -> int:
-    """Like :func:`assemble`, into the start of `out`, grown when too small; returns the bytes written."""
+    """Moves and splices blobs into one restore blob at the start of `out`; see :func:`pc_cpu.kvstate.state_blob.assemble_into`."""
     if not isinstance(out, bytearray):
         raise StateBlobError(f"output must be a bytearray (it may be grown), not {type(out).__name__}",
                              code="argument")
@@ -296,14 +270,61 @@ def _assemble(blobs, deltas, rope, n_stream: int, out: bytearray | None) -> int:
     c_ropes = (_Rope * max(len(ropes), 1))(*(_rope_struct(r) for r in ropes))
     arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
     c_deltas = (ctypes.c_int32 * max(len(deltas), 1))(*deltas)
-    dst = (ctypes.c_uint8 * len(out)).from_buffer(out) if out else None
     need = ctypes.c_size_t(0)
     status = lib.pc_state_assemble(ptrs, sizes, c_deltas, len(blobs), c_ropes if ropes else None, len(ropes),
-                                   n_stream if 0 <= n_stream < 2**32 else 0, dst, len(out) if out else 0,
-                                   ctypes.byref(need))
-    del dst  # release the export so the buffer stays resizable
+                                   n_stream if 0 <= n_stream < 2**32 else 0, _into(out) if out else None,
+                                   len(out) if out else 0, ctypes.byref(need))
     if status == PC_ERR_CAPACITY:
         return need.value
     if status:
         raise _error(status, "cannot assemble: ") if status == PC_ERR_ARGUMENT else _splice_error(lib, status, blobs)
     return need.value
+
+
+def restream(blob: BlobLike, n_stream: int) -> bytearray:
+    """Returns `blob` rewritten for `n_stream` KV streams; see :func:`pc_cpu.kvstate.state_blob.restream`."""
+    lib = _require()
+    arr, ptr = _pointer(blob)
+    n = n_stream if 0 <= n_stream < 2**32 else 0  # out of range: refused by the C library
+    need = ctypes.c_size_t(0)
+    status = lib.pc_state_restream(ptr, arr.size, n, None, 0, ctypes.byref(need))  # sizes it
+    out = bytearray()
+    if status == PC_ERR_CAPACITY:
+        out = bytearray(need.value)
+        status = lib.pc_state_restream(ptr, arr.size, n, _into(out), len(out), ctypes.byref(need))
+    if status:
+        raise _error(status, "cannot restream: ")
+    return out
+
+
+def order_by_position(blob: BlobLike) -> BlobLike:
+    """Returns `blob` with its cells sorted by position (`blob` itself when they are); see
+    :func:`pc_cpu.kvstate.state_blob.order_by_position`."""
+    lib = _require()
+    arr, ptr = _pointer(blob)
+    in_order = ctypes.c_uint32(0)
+    status = lib.pc_state_order(ptr, arr.size, None, 0, ctypes.byref(in_order))  # checks, writes nothing
+    if status == PC_OK and in_order.value:
+        return blob
+    if status == PC_ERR_CAPACITY:
+        out = bytearray(arr.size)
+        status = lib.pc_state_order(ptr, arr.size, _into(out), len(out), ctypes.byref(in_order))
+    if status:
+        raise _error(status, "cannot order: ")
+    return out
+
+
+def order_in_place(blob: bytearray | memoryview) -> None:
+    """Sorts a writable blob's cells by position where it lies; see :func:`pc_cpu.kvstate.state_blob.order_in_place`."""
+    lib = _require()
+    try:
+        buf = (ctypes.c_uint8 * len(memoryview(blob).cast("B"))).from_buffer(blob)
+    except (TypeError, ValueError):
+        raise StateBlobError("a blob sorted in place must be a writable, contiguous buffer (a bytearray)",
+                             code="argument") from None
+    ptr = ctypes.cast(buf, _u8p) if len(buf) else None
+    in_order = ctypes.c_uint32(0)
+    status = lib.pc_state_order(ptr, len(buf), ptr, len(buf), ctypes.byref(in_order)) if ptr else -1
+    del buf, ptr  # release the export so a bytearray stays resizable
+    if status:
+        raise _error(status, "cannot order: ")

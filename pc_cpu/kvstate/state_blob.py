@@ -1,10 +1,13 @@
-"""llama.cpp sequence-state blobs in numpy: scan, splice and relocate them.
+"""llama.cpp sequence-state blobs in numpy: the reference twin of the C library (libpc_native).
 
 A blob is what ``llama_state_seq_get_data`` returns for one sequence; its byte format is
-described in ``native/pc_state.h``. This module is the reference that the C library
+described in ``native/pc_state.h``. The byte operations here (scan, splice, relocate,
+assemble_into, restream, order_by_position) are the reference that the C library
 (``pc_cpu.kvstate.native``) must match byte for byte: both check in the same order
-(``native/pc_state.c``, ``pc_splice.c``, ``pc_relocate.c``), so for any input they either
-return the same bytes or raise :class:`StateBlobError` with the same ``code``.
+(``native/pc_state.c``, ``pc_splice.c``, ``pc_relocate.c``, ``pc_stream.c``), so for any
+input they either return the same bytes or raise :class:`StateBlobError` with the same
+``code``. Callers go through :mod:`pc_cpu.kvstate.ops`, which picks one twin. The readers
+(section_*, layer_kv, with_sequence) have no C twin: nothing hot runs them.
 
 Positions: a blob's cells sit at arbitrary, distinct positions; ``pos_min``/``pos_max`` are
 the extremes (inclusive, as ``llama_memory_seq_pos_min``/``_max`` report them), not a range.
@@ -432,13 +435,8 @@ def _check_inputs(blobs: Sequence[BlobLike]) -> tuple[list[_Layout], int]:
     return lays, need
 
 
-def splice_size(blobs: Sequence[BlobLike]) -> int:
-    """Returns the size in bytes of ``splice(blobs)``; raises as :func:`splice` does."""
-    return _check_inputs(blobs)[1]
-
-
 class _Writer:
-    """Appends to a writable byte view that splice_size() has sized."""
+    """Appends to a writable byte view sized by _check_inputs."""
 
     def __init__(self, out: memoryview):
         self.out = out
@@ -534,7 +532,7 @@ def splice(blobs: Sequence[BlobLike]) -> bytearray:
         blobs: blobs saved from identically configured contexts of one model, whose cells hold
             pairwise distinct positions.
     Returns:
-        The spliced blob, ``splice_size(blobs)`` bytes.
+        The spliced blob.
     Raises:
         StateBlobError: a blob is invalid ("blob i of n: ..."), the blobs differ in layout
             ("mismatch"), or two cells share a position ("overlap").
@@ -543,35 +541,6 @@ def splice(blobs: Sequence[BlobLike]) -> bytearray:
     out = bytearray(need)
     _write(lays, need, memoryview(out))
     return out
-
-
-def splice_into(blobs: Sequence[BlobLike], out: bytearray | memoryview) -> int:
-    """Like :func:`splice`, writing into the start of a caller's buffer (reuse it: a fresh
-    100 MB buffer costs more to allocate than the splice itself).
-
-    Returns:
-        The bytes written, ``splice_size(blobs)``.
-    Raises:
-        StateBlobError: as :func:`splice`; "capacity" when out is too small; "argument" when
-            out is not a writable buffer.
-    """
-    view = _writable_view(out)
-    lays, need = _check_inputs(blobs)
-    if need > len(view):
-        raise _error("capacity", f"cannot splice: the result needs {need} bytes, the buffer "
-                     f"holds {len(view)}; size it with splice_size()")
-    _write(lays, need, view[:need])
-    return need
-
-
-def _writable_view(out: bytearray | memoryview) -> memoryview:
-    try:
-        view = memoryview(out)
-    except TypeError:
-        raise _error("argument", f"output must be a writable buffer, not {type(out).__name__}") from None
-    if view.readonly or not view.contiguous:
-        raise _error("argument", "output must be a writable, contiguous buffer (a bytearray)")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 # --- order -----------------------------------------------------------------------------------
@@ -615,6 +584,28 @@ def order_by_position(blob: BlobLike) -> BlobLike:
     return out
 
 
+def order_in_place(blob: bytearray | memoryview) -> None:
+    """Sorts each KV cache's cells of a writable blob by position, where it lies (see :func:`order_by_position`).
+
+    For a blob read into a buffer the caller reuses (pc_cpu.engine.streams.move_to_stream): no
+    new 10-100 MB buffer to map, which costs more than the sort.
+
+    Raises:
+        StateBlobError: as :func:`order_by_position` (the blob is then unchanged); "argument" when
+            `blob` is not writable.
+    """
+    try:
+        view = memoryview(blob)
+    except TypeError:
+        view = None
+    if view is None or view.readonly or not view.contiguous:
+        raise _error("argument", "a blob sorted in place must be a writable, contiguous buffer (a bytearray)")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    ordered = order_by_position(view)
+    if ordered is not view:
+        view[:] = ordered
+
+
 def _permute_rows(out: bytearray, buf: memoryview, offset: int, row_size: int, order: np.ndarray) -> None:
     """Writes the len(order) rows of `row_size` bytes at `offset` of `buf` into `out`, in `order`."""
     n = len(order)
@@ -644,52 +635,33 @@ def restream(blob: BlobLike, n_stream: int) -> bytearray:
     return out
 
 
-def restream_in_place(blob: bytearray, n_stream: int) -> bytearray:
-    """Returns `blob` rewritten for `n_stream` streams, in place when it can be (one cache, one stream).
-
-    The hot path of assembling a prompt from moved blobs (pc_cpu.engine.documents): the
-    spliced blob is a fresh bytearray of one stream, and its cells come first, so only its
-    stream count changes and empty streams are appended; copying 10+ MB again is avoided.
-    Anything else is `restream`.
-    """
-    info = scan(blob)  # keeps no view of the buffer, which must stay resizable
-    if not isinstance(blob, bytearray) or info.n_section != 1 or info.n_stream != 1 or not 1 <= n_stream <= MAX_STREAM:
-        return restream(blob, n_stream)
-    struct.pack_into("<I", blob, STREAM_COUNT_OFFSET, n_stream)  # the cells follow; nothing after them
-    blob += bytes(4 * (n_stream - 1))  # the other streams: no cells
-    return blob
-
-
 STREAM_COUNT_OFFSET = 8  # after the magic and the sequence id: the first cache's stream count
 
 
-def assemble(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
-             n_stream: int) -> bytearray:
-    """Returns one restore blob for a context of `n_stream` streams: blob i moved by deltas[i], all spliced.
+def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
+                  n_stream: int, out: bytearray) -> int:
+    """Writes one restore blob for a context of `n_stream` streams, blob i moved by deltas[i], all spliced, at the start of `out`.
 
     The same bytes as relocating each moved blob, splicing them and restreaming the result; the
     C library (pc_state_assemble) does it in one pass, without the relocated copies. `rope` is
-    used only for blobs that move (deltas[i] != 0). Raises StateBlobError as those steps do, a
-    malformed blob first, and "argument" for mismatched lengths or n_stream outside 1..256.
+    used only for blobs that move (deltas[i] != 0). Reuse `out` across prompts: a fresh 100 MB
+    buffer costs more to map than the assembly itself.
+
+    Returns:
+        The bytes written; `out` is grown when too small.
+    Raises:
+        StateBlobError: as those steps do, a malformed blob first; "argument" for mismatched
+            lengths, n_stream outside 1..256, or `out` not a bytearray.
     """
+    if not isinstance(out, bytearray):
+        raise _error("argument", f"output must be a bytearray (it may be grown), not {type(out).__name__}")
     if len(deltas) != len(blobs) or not blobs:
         raise _error("argument", f"cannot assemble: {len(blobs)} blobs and {len(deltas)} deltas")
     if not 1 <= n_stream <= MAX_STREAM:
         raise _error("argument", f"n_stream={n_stream}: must be 1..{MAX_STREAM}")
     _parse_all(blobs)  # a malformed blob is reported before a bad move, as the C library does
     moved = [relocate(blob, delta, rope) if delta else blob for blob, delta in zip(blobs, deltas)]
-    return restream(splice(moved), n_stream)
-
-
-def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
-                  n_stream: int, out: bytearray) -> int:
-    """Like :func:`assemble`, into the start of `out`, grown when too small; returns the bytes written.
-
-    Reuse `out` across prompts: a fresh 100 MB buffer costs more to map than the assembly itself.
-    """
-    if not isinstance(out, bytearray):
-        raise _error("argument", f"output must be a bytearray (it may be grown), not {type(out).__name__}")
-    result = assemble(blobs, deltas, rope, n_stream)
+    result = restream(splice(moved), n_stream)
     if len(result) > len(out):
         out.extend(bytes(len(result) - len(out)))
     out[:len(result)] = result

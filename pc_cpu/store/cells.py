@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pc_cpu.errors import CorruptEntryError, StateBlobError
-from pc_cpu.kvstate import parts, state_blob
+from pc_cpu.kvstate import ops, parts
 from pc_cpu.store.entry import Entry
 
 REASON = "cells"  # CorruptEntryError.reason of every failure here, as `store verify` lists it
@@ -32,7 +32,7 @@ def check_cells(entry: Entry) -> None:
             a cell count other than n_tokens.
     """
     try:
-        by_blob = [state_blob.section_positions(blob) for blob in parts.unpack(entry.payload)]
+        by_blob = [ops.section_positions(blob) for blob in parts.unpack(entry.payload)]
     except StateBlobError as exc:
         raise CorruptEntryError(f"payload is not llama.cpp sequence state ({exc})", reason=REASON) from None
     for section in range(max(len(sections) for sections in by_blob)):

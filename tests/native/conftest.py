@@ -40,6 +40,14 @@ def impl(request):
     return request.param
 
 
+def assemble(impl, blobs, deltas, rope, n_stream: int) -> bytearray:
+    """impl.assemble_into into a fresh buffer: the restore blob alone."""
+    out = bytearray()
+    n = impl.assemble_into(blobs, deltas, rope, n_stream, out)
+    assert n == len(out)
+    return out
+
+
 def outcome(fn: Callable, *args):
     """("ok", result) or ("error", code): what a call did, comparable across implementations."""
     try:

@@ -1,4 +1,4 @@
-"""assemble(): blobs moved and spliced into one restore blob in one pass (pc_state_assemble).
+"""assemble_into(): blobs moved and spliced into one restore blob in one pass (pc_state_assemble).
 
 Its bytes must be those of the three steps it replaces: relocate each moved blob, splice, restream.
 The reference here is always built from the numpy steps, so the native pass is checked against an
@@ -15,7 +15,7 @@ from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate import native, state_blob
 from pc_cpu.kvstate.rope import RopeMode
 
-from .conftest import GGML_F16, GGML_F32, BlobSpec, make_blob
+from .conftest import GGML_F16, GGML_F32, BlobSpec, assemble, make_blob
 
 needs_native = pytest.mark.skipif(not native.available(), reason="libpc_native not built")
 
@@ -42,7 +42,7 @@ def test_native_assemble_equals_relocate_splice_restream(k_type, v_trans, mode, 
     preamble = make_blob(dataclasses.replace(spec, positions=tuple(range(10)), seed=99))
     blobs = [preamble] + _documents(spec, 4)
     deltas = [0, 0, 20, 40, 60]  # the first document stays at its home, as in `ask`
-    assert bytes(native.assemble(blobs, deltas, rope, n_stream)) == _steps(blobs, deltas, rope, n_stream)
+    assert bytes(assemble(native, blobs, deltas, rope, n_stream)) == _steps(blobs, deltas, rope, n_stream)
 
 
 @needs_native
@@ -51,7 +51,7 @@ def test_native_assemble_moves_each_cache_with_its_own_rope():
     ropes = (dataclasses.replace(spec.rope(), freq_base=1_000_000.0), spec.rope(RopeMode.NEOX))
     blobs = _documents(spec, 3)
     deltas = [-5, 15, 35]
-    assert bytes(native.assemble(blobs, deltas, ropes, 3)) == _steps(blobs, deltas, ropes, 3)
+    assert bytes(assemble(native, blobs, deltas, ropes, 3)) == _steps(blobs, deltas, ropes, 3)
 
 
 @needs_native
@@ -60,13 +60,13 @@ def test_native_assemble_equals_the_steps_on_real_blobs(real_blobs, smollm2):
     a, b = real_blobs.a, real_blobs.b
     for blobs, deltas in (([a, b], [0, 7]), ([b, a], [-real_blobs.n_a, real_blobs.n_b + 3])):
         expected = _steps(blobs, deltas, smollm2.rope, 8)
-        assert bytes(native.assemble(blobs, deltas, smollm2.rope, 8)) == expected
+        assert bytes(assemble(native, blobs, deltas, smollm2.rope, 8)) == expected
 
 
 def test_assemble_without_moves_needs_no_rope(impl):
     # Blobs that stay where they are may carry what the relocator refuses (quantized K, M-RoPE).
     blobs = [make_blob(BlobSpec(positions=(0, 1), k_type=8)), make_blob(BlobSpec(positions=(2, 3), k_type=8))]
-    out = impl.assemble(blobs, [0, 0], None, 2)
+    out = assemble(impl, blobs, [0, 0], None, 2)
     assert bytes(out) == bytes(state_blob.restream(state_blob.splice(blobs), 2))
     assert state_blob.scan(out).n_cell == 4
 
@@ -88,24 +88,24 @@ def test_assemble_without_moves_needs_no_rope(impl):
 def test_assemble_refuses(impl, blobs, deltas, rope, n_stream, code):
     made = [make_blob(s) for s in blobs]
     with pytest.raises(StateBlobError) as e:
-        impl.assemble(made, deltas, blobs[0].rope() if rope else None, n_stream)
+        assemble(impl, made, deltas, blobs[0].rope() if rope else None, n_stream)
     assert e.value.code == code
 
 
 def test_assemble_names_a_truncated_blob_before_a_bad_move(impl):
     good, cut = make_blob(BlobSpec()), make_blob(BlobSpec(positions=(5, 6)))[:-3]
     with pytest.raises(StateBlobError) as e:
-        impl.assemble([good, cut], [0, -10], BlobSpec().rope(), 1)
+        assemble(impl, [good, cut], [0, -10], BlobSpec().rope(), 1)
     assert e.value.code == "truncated"
 
 
 def test_assemble_into_grows_the_buffer_and_reuses_it(impl):
     spec = BlobSpec(positions=tuple(range(8)))
     blobs, rope = _documents(spec, 3), spec.rope()
-    expected = bytes(impl.assemble(blobs, [0, 8, 16], rope, 2))
+    expected = bytes(assemble(impl, blobs, [0, 8, 16], rope, 2))
     out = bytearray(10)
     n = impl.assemble_into(blobs, [0, 8, 16], rope, 2, out)
     assert n == len(expected) and bytes(out[:n]) == expected
-    smaller = bytes(impl.assemble(blobs[:2], [0, 8], rope, 2))
+    smaller = bytes(assemble(impl, blobs[:2], [0, 8], rope, 2))
     n2 = impl.assemble_into(blobs[:2], [0, 8], rope, 2, out)  # into the grown buffer: not resized
     assert len(out) == len(expected) and bytes(out[:n2]) == smaller

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pc_cpu.kvstate import native, state_blob
 
-from .conftest import BlobSpec, make_blob, outcome
+from .conftest import BlobSpec, assemble, make_blob, outcome
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="libpc_native not built")
 
@@ -27,14 +27,19 @@ FUZZ = settings(max_examples=300, deadline=None, database=None,
 
 
 def _same_everywhere(blob: bytes) -> None:
-    """scan, splice (alone and with a valid partner), relocate and assemble agree between implementations."""
+    """Every operation (splice alone and with a valid partner) agrees between implementations."""
     calls = [("scan", (blob,)), ("splice", ([blob],)), ("splice", ([PARTNER, blob],)),
-             ("splice_size", ([blob, PARTNER],)), ("relocate", (blob, 7, ROPE)),
+             ("splice", ([blob, PARTNER],)), ("relocate", (blob, 7, ROPE)),
              ("relocate", (blob, -3, ROPE)), ("assemble", ([PARTNER, blob], [0, 30], ROPE, 2)),
-             ("assemble", ([blob, PARTNER], [-2, 0], ROPE, 1)), ("assemble", ([blob], [0], None, 3))]
+             ("assemble", ([blob, PARTNER], [-2, 0], ROPE, 1)), ("assemble", ([blob], [0], None, 3)),
+             ("restream", (blob, 1)), ("restream", (blob, 3)), ("restream", (blob, 0)),
+             ("order_by_position", (blob,))]
     for name, args in calls:
-        got = outcome(getattr(native, name), *args)
-        want = outcome(getattr(state_blob, name), *args)
+        if name == "assemble":
+            got, want = outcome(assemble, native, *args), outcome(assemble, state_blob, *args)
+        else:
+            got = outcome(getattr(native, name), *args)
+            want = outcome(getattr(state_blob, name), *args)
         assert got == want, f"{name}: native {got[0]} {got[1] if got[0] == 'error' else ''}, numpy {want}"
 
 
@@ -85,8 +90,8 @@ def test_real_blob_mutations_are_refused_alike(real_blobs):
         mutated = bytearray(blob)
         off = int(rng.integers(0, headers + 2000))
         mutated[off] ^= 1 << int(rng.integers(0, 8))
-        for name in ("scan", "splice"):
-            args = (bytes(mutated),) if name == "scan" else ([real_blobs.b, bytes(mutated)],)
+        for name in ("scan", "splice", "restream", "order_by_position"):
+            args = {"splice": ([real_blobs.b, bytes(mutated)],), "restream": (bytes(mutated), 4)}.get(name, (bytes(mutated),))
             assert outcome(getattr(native, name), *args) == outcome(getattr(state_blob, name), *args)
 
 
@@ -94,3 +99,6 @@ def test_wrong_argument_types_are_refused_alike():
     for bad in (None, 5, "text"):
         assert outcome(native.scan, bad) == outcome(state_blob.scan, bad) == ("error", "argument")
     assert outcome(native.relocate, BLOBS[0], 1, None) == outcome(state_blob.relocate, BLOBS[0], 1, None)
+    for n_stream in (-1, 2**32, 2**40):
+        assert outcome(native.restream, BLOBS[0], n_stream) == outcome(state_blob.restream, BLOBS[0], n_stream) \
+            == ("error", "argument")

@@ -33,7 +33,7 @@ def test_splice_concatenates_cells_and_rows(impl, v_trans):
     out = impl.splice([a, b])
     info = impl.scan(out)
     assert (info.seq_id, info.n_cell, info.pos_min, info.pos_max) == (1, 5, 0, 8)
-    assert len(out) == impl.splice_size([a, b]) == len(a) + len(b) - 8 - 8 - 8 - 4 * 12
+    assert len(out) == len(a) + len(b) - 8 - 8 - 8 - 4 * 12
     if v_trans:  # element j of every cell, in cell order: a's cells then b's
         assert np.array_equal(_v_elements(out), np.hstack([_v_elements(a), _v_elements(b)]))
 
@@ -113,20 +113,6 @@ def test_spliced_restore_equals_staging_and_seq_cp(impl, real_blobs, rig_factory
     assert spliced_range == staged_range == (0, n - 1)
     assert spliced_state == staged_state
     assert np.array_equal(spliced_logits, staged_logits)
-
-
-def test_splice_into_reuses_a_buffer(impl):
-    a = make_blob(BlobSpec(positions=(0, 1), seed=1))
-    b = make_blob(BlobSpec(positions=(5,), seed=2))
-    buf = bytearray(impl.splice_size([a, b]) + 10)
-    n = impl.splice_into([a, b], buf)
-    assert bytes(buf[:n]) == bytes(impl.splice([a, b])) and buf[n:] == bytes(10)
-    with pytest.raises(StateBlobError) as e:
-        impl.splice_into([a, b], bytearray(n - 1))
-    assert e.value.code == "capacity"
-    with pytest.raises(StateBlobError) as e:
-        impl.splice_into([a, b], bytes(n))
-    assert e.value.code == "argument"
 
 
 def test_spliced_blob_in_any_order_restores(impl, real_blobs, rig_factory, smollm2):
