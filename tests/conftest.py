@@ -81,6 +81,15 @@ def make_cache(tiny_model_path):
     yield from cache_factory(tiny_model_path)
 
 
+@pytest.fixture
+def make_smollm2_cache():
+    """Returns a factory of PromptCache objects on SmolLM2 (skips when it is missing); closes them after the test.
+
+    For a test that pins SmolLM2: unlike tests/engine's `make_cache`, it is not run once per engine model.
+    """
+    yield from cache_factory(smollm2_path())
+
+
 def packaged_model_path(name: str) -> pathlib.Path:
     """Returns the GGUF of a packaged model (pc_cpu.models); skips, naming its extra, when it is not installed."""
     from pc_cpu.model_path import resolve_model_path

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from pc_cpu.benchmarks.intervals import discordant, paired_difference, wilson
@@ -36,9 +37,16 @@ def test_paired_difference_is_the_mean_and_brackets_it():
     assert iv.low < -0.2 < iv.high < 0  # 20 losses, no wins: clearly below zero
 
 
-def test_paired_difference_is_deterministic_for_a_seed():
-    a, b = [1, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 1]
-    assert paired_difference(a, b, seed=7) == paired_difference(a, b, seed=7)
+def test_paired_difference_is_deterministic_for_a_seed_and_the_seed_decides_it():
+    # Real-valued scores, so every resample's mean differs and the bounds move with the draws (with a
+    # few 0/1 scores the bounds fall on the same few values whatever is drawn, seeded or not).
+    variant = [(i * 0.37) % 1 for i in range(30)]
+    baseline = [(i * 0.61) % 1 for i in range(30)]
+    first = paired_difference(variant, baseline, seed=7)
+    np.random.seed(1)  # numpy's global generator must not matter
+    assert paired_difference(variant, baseline, seed=7) == first
+    assert first not in {paired_difference(variant, baseline, seed=s) for s in (8, 9)}  # other draws
+    assert first.low < first.estimate < first.high
 
 
 def test_paired_difference_rejects_unpaired_lengths():

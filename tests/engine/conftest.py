@@ -2,12 +2,19 @@
 
 `make_cache` here defaults to `engine_model`, so every engine test that builds its caches with it
 runs once per model (ids `tiny`, `smollm2-135m`, ...). A packaged model that is not installed is
-skipped with the extra that installs it; `pytest -k tiny` runs only the fast tiny-model pass.
+skipped with the extra that installs it. A test that pins one model takes a factory of its own
+(`make_smollm2_cache`), so it runs once.
 A test marked `tiny_only` rests on the random model's behaviour (it never ends a text early) and
 runs on it alone.
+
+`pytest tests/engine -m tiny` runs only the fast tiny-model pass: the collection below marks `tiny`
+each engine test run that loads no packaged model (its `engine_model` is `tiny`, or it has none and
+takes no real-model fixture and is not `slow`, as test_gemma.py is).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -15,16 +22,30 @@ from pc_cpu.models import MODELS
 from tests.conftest import cache_factory, packaged_model_path
 
 
+# Fixtures that load a packaged model: a test that takes one is not part of the tiny-model pass.
+REAL_MODEL_FIXTURES = {"smollm2_cache", "packaged_cache", "make_smollm2_cache"}
+HERE = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(config, items):
-    """Deselects the packaged-model runs of tests marked tiny_only."""
+    """Deselects the packaged-model runs of tests marked tiny_only; marks `tiny` the engine tests' tiny-model runs."""
     keep, drop = [], []
     for item in items:
         param = getattr(item, "callspec", None) and item.callspec.params.get("engine_model")
         only_tiny = item.get_closest_marker("tiny_only") is not None
         (drop if only_tiny and param not in (None, "tiny") else keep).append(item)
+        if HERE in item.path.parents and _loads_no_packaged_model(item, param):
+            item.add_marker(pytest.mark.tiny)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _loads_no_packaged_model(item, param) -> bool:
+    """Returns True for a run on the tiny model: its engine_model is `tiny`, or it has none and no real-model fixture."""
+    if param is not None:
+        return param == "tiny"
+    return not REAL_MODEL_FIXTURES & set(item.fixturenames) and item.get_closest_marker("slow") is None
 
 
 # The 1.5B model takes ~3x the 0.5B's time (the 0.5B's pass of this suite: ~6-11 min on 2 cores), so

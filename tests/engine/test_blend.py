@@ -53,6 +53,7 @@ def test_deviation_is_the_squared_k_and_v_distance_by_position():
 
 # --- the probe ----------------------------------------------------------------------------------
 
+@pytest.mark.tiny_only  # it pins a 4-layer tiny model: one run, not one per engine model
 def test_the_cut_down_probe_computes_the_full_models_early_layer(tmp_path, make_cache):
     # A 4-layer model cut to PROBE_LAYERS must give the same layer-1 K/V as the whole model.
     deep = write_tiny_llama_gguf(tmp_path / "deep.gguf", n_layer=4)

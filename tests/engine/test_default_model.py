@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pc_cpu.demo import QUESTIONS, demo_prompt, demo_schema
-from tests.conftest import prefill_logits, smollm2_path
+from tests.conftest import prefill_logits
 
 EXACT_SCHEMA = ('<schema name="exact"><system>You are a helpful assistant.</system><user><module name="doc">'
                 'The capital of the fictional country of Norland is Vesterhavn, a port city of 80,000 people.'
@@ -49,8 +49,8 @@ def test_baseline_reads_the_cached_runs_tokens_computing_all_of_them_and_repeats
     assert first.cached_tokens == 0 and first.uncached_tokens == first.prompt_tokens
 
 
-def test_module_right_after_the_system_message_gives_the_full_prefill(make_cache):
-    cache, fresh = make_cache(smollm2_path()), make_cache(smollm2_path())
+def test_module_right_after_the_system_message_gives_the_full_prefill(make_smollm2_cache):
+    cache, fresh = make_smollm2_cache(), make_smollm2_cache()
     cached = prefill_logits(cache, EXACT_SCHEMA, EXACT_PROMPT, use_cache=True)
     baseline = prefill_logits(fresh, EXACT_SCHEMA, EXACT_PROMPT, use_cache=False)  # schema not encoded there
     assert np.abs(cached - baseline).max() == 0.0

@@ -72,12 +72,8 @@ def check_every_tier_gives_the_same_answers(make_cache, model, tmp_path) -> None
     assert from_disk == fresh
 
 
-def test_every_tier_gives_the_same_answers_on_the_tiny_model(make_cache, tmp_path):
+def test_every_tier_gives_the_same_answers_on_each_model(make_cache, tmp_path):
     check_every_tier_gives_the_same_answers(make_cache, None, tmp_path)
-
-
-def test_every_tier_gives_the_same_answers_on_smollm2(make_cache, tmp_path):
-    check_every_tier_gives_the_same_answers(make_cache, smollm2_path(), tmp_path)
 
 
 def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
@@ -100,11 +96,11 @@ def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
     assert np.abs(cached - baseline).max() == 0.0
 
 
-def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_cache):
+def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_smollm2_cache):
     llama_cpp = pytest.importorskip("llama_cpp")
     from pc_cpu.engine.extra_buffers import llama_peer
     path = smollm2_path()
-    cache = make_cache(path, flash_attn=False, n_ctx=2048)
+    cache = make_smollm2_cache(flash_attn=False, n_ctx=2048)
     cache.load_schema(OTHER)
     cache.load_schema(SCHEMA)
     plan = cache.plan(PROMPTS[0])

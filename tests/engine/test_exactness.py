@@ -1,8 +1,8 @@
 """Cached equals fresh where the math says it must: a module at its real position, with its real context.
 
-Comparisons use like cell layouts (a fresh context for the baseline), see DESIGN.md §6, and like
-batches: the baseline computes the prompt's tokens in the batches the cache computed them in
-(tests.conftest.batched_prefill_logits says why).
+Comparisons use like cell layouts (a fresh context for the baseline: attention sums cells in slot order,
+README "Same tokens, same answer") and like batches: the baseline computes the prompt's tokens in the
+batches the cache computed them in (tests.conftest.batched_prefill_logits says why).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def test_a_second_process_serves_from_disk_without_encoding(make_cache, store_di
     assert result.token_ids == expected["b"]
 
 
-@pytest.mark.tiny_only  # equal tokens across cell layouts: SmolLM2's rounding flips a near-tie (DESIGN.md §7)
+@pytest.mark.tiny_only  # equal tokens across cell layouts: SmolLM2's rounding flips a near-tie (README)
 def test_evicted_modules_come_back_from_ram_with_the_same_answers(make_cache, store_dir):
     roomy = make_cache(store=False)
     roomy.load_schema(SCHEMA)
