@@ -17,7 +17,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' prompt helpers, run from anywhere
 from pc_cpu import PromptCache
-from pc_cpu.engine.encoder import compute_in_library
 from pc_cpu.pml.encoding import EncodeJob
 from pc_cpu.pml.layout import Run
 from pc_cpu.pml.documents import preamble_tokens, document_tokens
@@ -39,10 +38,10 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
     prompt = _prompt(pc, QUESTION, docs)
     full = prefill_logits(pc, list(prompt.tokens), [])
     partial = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in ("0", "tail:64", "10%", "tail:256", "all")}
-    stored, _ = pc._documents.document_blob(pre, long, tokens)
+    stored, _ = pc.documents.encoder.document_blob(pre, long, tokens)
     home = len(pre)
     job = EncodeJob("long", Run(home, tokens), pre)
-    blobs = compute_in_library(pc.ctx, job, scratch=pc.roles.scratch, hold=pc.modules.hold)
+    blobs = pc.modules.encoder.compute_in_library(job)
     whole = bytes(state_blob.splice(blobs))
     out["cells_stored_vs_whole"] = [state_blob.section_cells(stored), state_blob.section_cells(whole)]
     # the cells both hold must agree (same batches), so the difference is only the missing ones
@@ -53,7 +52,7 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
             idx = [rows[p] for p in a[0].tolist()]
             out.setdefault("common_cells_max_abs_diff", []).append(
                 max(float(np.abs(a[1] - b[1][idx]).max()), float(np.abs(a[2] - b[2][idx]).max())))
-    key = pc._documents.document_key(pre, long, tokens)
+    key = pc.documents.encoder.document_key(pre, long, tokens)
     pc.store.put(key, Entry(parts.pack([whole]), len(tokens), (home, home + len(tokens))))
     wholes = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in partial}
     scale = float(np.abs(full).max())

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pc_cpu.engine.documents import TIER_ENCODED, DocumentEncoder, DocumentWork
+from pc_cpu.engine.document_prompt import DocumentWork
+from pc_cpu.engine.documents import DocumentEncoder
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
@@ -27,6 +28,7 @@ from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_question, docum
 from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
+from pc_cpu.result import Tier
 from pc_cpu.store.documents import Document, DocumentLibrary, check_name, remove_document
 from pc_cpu.store.tiers import TieredStore
 
@@ -165,7 +167,7 @@ class Documents:
 
         _, tier = self.adder.document_blob(new.preamble, new.id, new.tokens, on_computed=pace(report))
         self.library.add(new.id, new.text, new.name)
-        if tier == TIER_ENCODED:
+        if tier == Tier.ENCODED:
             tracker.finished(new.id)
         return new.id
 

@@ -3,6 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Tier(str, Enum):
+    """Where an encoding a prompt used came from: the values of Result.tiers.
+
+    A str, so a member equals, prints and serialises to JSON as its value ("ram").
+    """
+
+    CONTEXT = "context"  # resident in the context already
+    RAM = "ram"  # restored from the RAM tier (pc_cpu.store.ram)
+    DISK = "disk"  # restored from the disk tier (pc_cpu.store.disk)
+    ENCODED = "encoded"  # computed for this call
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass(frozen=True)
@@ -16,9 +35,9 @@ class Result:
     finish_reason: str  # "stop" or "length"
     use_cache: bool
     modules: list[str] = field(default_factory=list)  # imported modules, in position order
-    # Where each encoding the prompt used came from: "context" (resident), "ram", "disk", or
-    # "encoded" (computed for this call). Keys are modules, "#root", or "scaffold:<name>".
-    tiers: dict[str, str] = field(default_factory=dict)
+    # Where each encoding the prompt used came from (a Tier: "context", "ram", "disk" or "encoded").
+    # Keys are modules, "#root", or "scaffold:<name>"; for documents their ids and "#preamble".
+    tiers: dict[str, Tier] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:

@@ -33,7 +33,7 @@ from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
 from pc_cpu.benchmarks.scoring import normalize_answer
-from pc_cpu.engine.documents import DocumentWork
+from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens

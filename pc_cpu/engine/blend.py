@@ -38,6 +38,34 @@ from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 Run = tuple[int, int]  # positions [start, end)
 
 
+class LazyBlender:
+    """Owns the Blender of one context: loads the probe model on first use, hands the Blender out, closes it.
+
+    The probe is a second model file and context (pc_cpu.engine.probe), so it is made only
+    when a prompt first asks for `select:`. Call `get` holding the context's lock.
+    """
+
+    def __init__(self, ctx: Context, spare_seqs: Callable[[], list[int]], scratch: int):
+        self.ctx = ctx
+        self.spare_seqs = spare_seqs
+        self.scratch = scratch
+        self.loaded: Blender | None = None  # None until the first `get`
+
+    def get(self) -> "Blender":
+        """Returns the Blender, loading the probe model on first use."""
+        if self.loaded is None:
+            ctx = self.ctx
+            probe = Probe(ctx.model, n_ctx=ctx.n_ctx, threads=ctx.threads, flash_attn=ctx.config.flash_attn)
+            self.loaded = Blender(ctx, probe, self.spare_seqs, self.scratch)
+        return self.loaded
+
+    def close(self) -> None:
+        """Frees the probe model, if it was loaded."""
+        if self.loaded is not None:
+            self.loaded.close()
+            self.loaded = None
+
+
 class Blender:
     """Selects and recomputes deviating cached tokens of prompts in one context."""
 

@@ -229,10 +229,6 @@ class Context:
         self.check_positions(start + min(0, delta), end + max(0, delta))
         llama_cpp.llama_memory_seq_add(self._mem, seq, start, end, delta)
 
-    def clear(self) -> None:
-        """Drops every cell of every sequence."""
-        llama_cpp.llama_memory_clear(self._mem, True)
-
     # --- state bytes ----------------------------------------------------------
 
     def state_get(self, seq: int) -> bytes:

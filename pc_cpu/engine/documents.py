@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import cached_property
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
-from pc_cpu.engine.streams import full_prefill
 from pc_cpu.errors import DocumentError, StateBlobError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
+from pc_cpu.result import Tier
 from pc_cpu.kvstate import ops, parts
 from pc_cpu.store.documents import document_label
 from pc_cpu.store.entry import Entry
@@ -38,10 +37,6 @@ from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 log = logging.getLogger(__name__)
-
-TIER_ENCODED = "encoded"
-PREAMBLE = "#preamble"  # the key of the preamble in a Result's tiers
-
 
 @dataclass(frozen=True)
 class Piece:
@@ -81,7 +76,7 @@ class DocumentEncoder:
 
     # --- encodings ------------------------------------------------------------------
 
-    def preamble_blob(self, preamble: tuple[int, ...], key: StoreKey | None = None) -> tuple[bytes, str]:
+    def preamble_blob(self, preamble: tuple[int, ...], key: StoreKey | None = None) -> tuple[bytes, Tier]:
         """Returns the preamble's cells (positions 0..n-1) and the tier that served them (`key`: its key, if known)."""
         key = key or self.preamble_key(preamble)
         stored = self._stored(key, (0, len(preamble)))
@@ -94,10 +89,10 @@ class DocumentEncoder:
             blob = self._save(key, seq, len(preamble), (0, len(preamble)))
         finally:
             self.prompts.seq_rm(seq)
-        return blob, TIER_ENCODED
+        return blob, Tier.ENCODED
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
-                      key: StoreKey | None = None, on_computed: OnComputed | None = None) -> tuple[bytes, str]:
+                      key: StoreKey | None = None, on_computed: OnComputed | None = None) -> tuple[bytes, Tier]:
         """Returns a document's cells, computed after `preamble` at its home, and the tier that served them.
 
         on_computed(n) hears of each decode batch of n document tokens; a document a tier holds
@@ -119,9 +114,9 @@ class DocumentEncoder:
             blob = self._save(key, seq, len(tokens), (home, home + len(tokens)))
         finally:
             self.prompts.seq_rm(seq)
-        return blob, TIER_ENCODED
+        return blob, Tier.ENCODED
 
-    def _stored(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, str] | None:
+    def _stored(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, Tier] | None:
         """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses)."""
         hit = self.store.get(key)
         if hit is None:
@@ -136,7 +131,7 @@ class DocumentEncoder:
             self.store.remove(key)
             log.warning("stored %s is unusable (%s); encoding it again", key.describe(), exc)
             return None
-        return bytes(blob), hit.tier
+        return bytes(blob), Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
 
     def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
@@ -236,64 +231,3 @@ class DocumentEncoder:
             return ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), info.seq_id)
         finally:
             self.prompts.seq_rm(seq)
-
-
-@dataclass
-class DocumentWork:
-    """A question over documents, as the scheduler runs it (pc_cpu.engine.scheduler.PromptWork)."""
-
-    prompt: DocumentPrompt
-    encoder: DocumentEncoder
-    use_cache: bool
-    _pieces: list[Piece] | None = None
-
-    def positions(self) -> int:
-        return self.prompt.end
-
-    def prepare(self) -> dict[str, str]:
-        if not self.use_cache:
-            return {}
-        prompt, encoder = self.prompt, self.encoder
-        preamble_key, *doc_keys = self._keys
-        blob, tier = encoder.preamble_blob(prompt.preamble, preamble_key)
-        pieces, tiers = [Piece(blob, 0)], {PREAMBLE: tier}
-        for doc, key in zip(prompt.documents, doc_keys):
-            blob, tier = encoder.document_blob(prompt.preamble, doc.id, doc.tokens, key)
-            pieces.append(Piece(blob, doc.start - prompt.home))
-            tiers.setdefault(doc.id, tier)
-        self._pieces = pieces
-        return tiers
-
-    def prefill(self, slot: int) -> int:
-        if not self.use_cache:
-            return full_prefill(self.encoder.prompts, self.prompt.tokens, slot)
-        pieces, self._pieces = self._pieces, None  # the bytes are not needed once restored
-        return self.encoder.prefill(self.prompt, pieces, slot)
-
-    def head(self) -> tuple[tuple, int] | None:
-        if not self.use_cache or self.prompt.recomputed:  # recomputed cells: not what the keys say
-            return None
-        starts = (0,) + tuple(doc.start for doc in self.prompt.documents)
-        return tuple(zip(self._keys, starts)), self.prompt.tail_start
-
-    @cached_property
-    def _keys(self) -> tuple[StoreKey, ...]:
-        """The preamble's key, then each document's: hashed once per prompt (head and prepare both need them)."""
-        prompt, encoder = self.prompt, self.encoder
-        return (encoder.preamble_key(prompt.preamble),) + tuple(
-            encoder.document_key(prompt.preamble, doc.id, doc.tokens) for doc in prompt.documents)
-
-    def held_tiers(self) -> dict[str, str]:
-        return {PREAMBLE: "context", **{doc.id: "context" for doc in self.prompt.documents}}
-
-    def prefill_tail(self, slot: int) -> int:
-        prompts, prompt = self.encoder.prompts, self.prompt
-        prompts.seq_rm(slot, prompt.tail_start, -1)
-        prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), slot)
-        return prompt.end
-
-    def counts(self) -> tuple[int, int, list[str]]:
-        ids = [doc.id for doc in self.prompt.documents]
-        if self.use_cache:
-            return self.prompt.cached_tokens, len(self.prompt.tail) + self.prompt.recomputed_tokens, ids
-        return 0, len(self.prompt.tokens), ids

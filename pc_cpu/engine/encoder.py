@@ -1,4 +1,12 @@
-"""Computes a schema's encodings (modules, and scaffolds jointly) into library sequences of the context."""
+"""Computes a schema's encodings (modules, and scaffolds jointly) into library sequences of the context.
+
+How is chosen once per model (Encoder.__init__), not per call:
+- where a module is computed: in a workspace stream from slot 0 (the same bytes in every
+  process), or, for sliding-window models, which have none, in the library context;
+- where it is placed: at its layout positions (in place), or, when the relocator can move
+  this model's cells, computed at its home (pml.encoding.home_shift) and moved there
+  (ModuleCache picks per encoding by its shift; a shift of 0 is in place).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ from typing import Callable
 from dataclasses import dataclass
 
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, home_jobs, home_scaffold_job,
                                  scaffold_job)
@@ -15,313 +24,328 @@ from pc_cpu.kvstate import ops
 from pc_cpu.store.resident import ResidentTier
 
 OnComputed = Callable[[int], None]  # receives the number of an encoding's tokens one decode batch computed
+LibraryOf = Callable[[str], "int | None"]  # an encoding's name -> the library sequence holding it, None: not resident
 
 
 @dataclass(frozen=True)
 class Workspace:
-    """An empty stream of a non-unified context where encodings are computed from slot 0 (see encode_module)."""
+    """An empty stream of a non-unified context where encodings are computed from slot 0 (see Encoder)."""
 
     ctx: Context
     seq: int
 
+    def compute(self, job: EncodeJob, n_stream: int, on_computed: OnComputed | None = None) -> bytes:
+        """Returns the state blob, in a layout of `n_stream` streams, of the job's run computed after its context.
 
-def encode_module(ctx: Context, layout: Layout, module: str, *, mode: str, scratch: int, library: int, pin: int,
-                  library_of: Callable[[str], int | None], workspace: Workspace | None = None,
-                  on_computed: OnComputed | None = None) -> None:
-    """Computes `module`'s cells at its layout positions and shares them into `library` and `pin`.
+        The workspace is empty before and after.
+        """
+        work, seq = self.ctx, self.seq
+        run = job.run
+        work.seq_rm(seq)
+        try:
+            # The context in a batch of its own, then the run: the batches a full prefill split at the
+            # run's start computes, and those of the preamble's own encoding (kernels round by batch).
+            if job.context:
+                work.decode(job.context, range(job.first_position, run.start), seq, logits_last=False)
+            work.decode(run.tokens, range(run.start, run.end), seq, logits_last=False,
+                        after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
+            if job.context:
+                work.seq_rm(seq, job.first_position, run.start)
+            return bytes(ops.restream(work.state_get(seq), n_stream))
+        finally:
+            work.seq_rm(seq)
 
-    With a `workspace` (models without a sliding window), a run that needs no neighbour's
-    cells is computed there after its context, from slot 0 of an empty stream, exactly as a
-    full prefill lays them out, and restored into the library (`_encode_in_workspace`): its
-    cells then do not depend on where other cells sit in the library, so every process
-    computes the same bytes. Otherwise each run is decoded in the empty `scratch` sequence
-    after its context: shared from resident modules when it lies right before the run, else
-    computed there too (an empty sequence accepts any first position). Only the run's cells
-    are kept, a batch at a time as they are computed (see `pin_cells`); emptying the scratch
-    frees the rest. on_computed(n) hears of each batch's n module tokens.
+
+class Encoder:
+    """Computes encodings into library sequences of one context, the way its model allows; one per ModuleCache.
+
+    Sequences it uses (pc_cpu.engine.sequences): the scratch, where runs are decoded; the pin,
+    which shares every cell it keeps (pin_cells); the hold, where a run computed in the
+    library is kept while it is read (compute_in_library).
     """
-    for job in encode_jobs(layout, module, mode):
-        if workspace is not None and job.after is None:
-            _encode_in_workspace(ctx, job, workspace, scratch=scratch, library=library, pin=pin,
-                                 on_computed=on_computed)
-            continue
-        ctx.seq_rm(scratch)
+
+    def __init__(self, ctx: Context, roles: SequenceRoles, *, mode: str, workspace: Workspace | None,
+                 rope) -> None:
+        """Args:
+            ctx: the library context.
+            roles: its sequence ids.
+            mode: the schema encoding mode (pml.encoding).
+            workspace: where modules are computed from slot 0; None for sliding-window models, whose
+                long runs a stream cannot give back whole (compute_in_library says why).
+            rope: one RopeParams per KV cache, to move cells computed at their home; None: in place only.
+        """
+        self.ctx = ctx
+        self.roles = roles
+        self.mode = mode
+        self.workspace = workspace
+        self.rope = rope
+        self._compute_at_home: Callable[[EncodeJob, OnComputed | None], list[bytes]] = (
+            self._compute_in_workspace if workspace is not None else self.compute_in_library)
+
+    # --- in place ---------------------------------------------------------------
+
+    def encode(self, layout: Layout, key: str, library: int, library_of: LibraryOf,
+               on_computed: OnComputed | None = None) -> None:
+        """Computes encoding `key` (a module, or scaffold_key(name)) into `library` (and the pin) at its layout positions.
+
+        on_computed(n), when given, is called after each llama_decode batch with the n tokens of
+        the encoding it computed (not the context computed before them): the progress of long encodings.
+        """
+        if key.startswith(SCAFFOLD_PREFIX):
+            job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], self.mode)
+            if job is not None:
+                self._encode_scaffold(job, library, library_of, on_computed)
+        else:
+            self._encode_module(layout, key, library, library_of, on_computed)
+
+    def _encode_module(self, layout: Layout, module: str, library: int, library_of: LibraryOf,
+                       on_computed: OnComputed | None) -> None:
+        """Computes `module`'s cells at its layout positions and shares them into `library` and the pin.
+
+        With a workspace (models without a sliding window), a run that needs no neighbour's
+        cells is computed there after its context, from slot 0 of an empty stream, exactly as a
+        full prefill lays them out, and restored into the library: its cells then do not depend
+        on where other cells sit in the library, so every process computes the same bytes. Why
+        not share the context from the library: attention sums cells in slot order, and library
+        cells sit wherever earlier encodings, evictions and restores left room, so the same run
+        computed there could differ in its last bits from one history to another.
+
+        Otherwise each run is decoded in the empty scratch sequence after its context: shared
+        from resident modules when it lies right before the run, else computed there too (an
+        empty sequence accepts any first position). Only the run's cells are kept, a batch at a
+        time as they are computed (see pin_cells); emptying the scratch frees the rest.
+        """
+        ctx, scratch, pin = self.ctx, self.roles.scratch, self.roles.pin
+        for job in encode_jobs(layout, module, self.mode):
+            if self.workspace is not None and job.after is None:
+                blob = self.workspace.compute(job, self.ctx.n_stream, on_computed)
+                self.place(blob, job.run.start, job.run.end, library)
+                continue
+            ctx.seq_rm(scratch)
+
+            def keep(a: int, b: int) -> None:
+                ctx.seq_cp(scratch, library, a, b)
+                ctx.seq_cp(scratch, pin, a, b)
+                if on_computed is not None:
+                    on_computed(b - a)
+
+            try:
+                self._decode_after_context(job.shared_context, job.context, job.run.tokens, job.run.start,
+                                           library_of, keep, must_share=job.after is not None)
+            finally:
+                ctx.seq_rm(scratch)
+
+    def _encode_scaffold(self, job: ScaffoldJob, library: int, library_of: LibraryOf,
+                         on_computed: OnComputed | None) -> None:
+        """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
+
+        The runs are decoded back to back in the empty scratch sequence after the
+        first member's context (llama.cpp needs consecutive positions), pinned as they
+        are computed, then each later run is moved forward to its layout position with
+        seq_add. Only scratch and the pin hold those cells at that point, and a cell has
+        one position, so the pin's hold moves with them and nobody else's cells move. The
+        move re-rotates K lazily, at the next llama_decode; seq_cp shares cells rather
+        than copying them, so the library gets the move too, and `apply_pending_shifts`
+        forces it before this returns (state blobs read later must hold rotated K).
+        If this raises, the pin may hold cells anywhere in the scaffold's span: the
+        caller re-pins that span (`pin_cells`). on_computed(n) hears of each batch's n member tokens.
+        """
+        ctx, scratch, pin = self.ctx, self.roles.scratch, self.roles.pin
 
         def keep(a: int, b: int) -> None:
-            ctx.seq_cp(scratch, library, a, b)
             ctx.seq_cp(scratch, pin, a, b)
             if on_computed is not None:
                 on_computed(b - a)
 
+        ctx.seq_rm(scratch)
+        moved = False
         try:
-            _decode_after_context(ctx, scratch, job.shared_context, job.context, job.run.tokens, job.run.start,
-                                  library_of, keep, must_share=job.after is not None)
+            self._decode_after_context(job.shared_context, job.context, job.tokens, job.runs[0].start, library_of,
+                                       keep, must_share=job.after is not None)
+            # Last run first: each moves forward onto positions no run still to move occupies.
+            for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
+                if run.start != computed:
+                    ctx.seq_add(scratch, computed, computed + len(run.tokens), run.start - computed)
+                    moved = True
+            for run in job.runs:
+                ctx.seq_cp(scratch, library, run.start, run.end)
+        finally:
+            ctx.seq_rm(scratch)
+        if moved:
+            apply_pending_shifts(ctx, scratch)
+
+    def _decode_after_context(self, shared_context, context: tuple[int, ...], tokens: tuple[int, ...], start: int,
+                              library_of: LibraryOf, keep: Callable[[int, int], None], *,
+                              must_share: bool = False) -> None:
+        """Computes `tokens` at [start, ...) in the empty scratch sequence, after their context.
+
+        The context's cells are shared from resident encodings when `shared_context` names
+        them all; otherwise the context tokens are computed right before `start`, unless
+        `must_share` (a chain neighbour's cells are not what computing its tokens afresh
+        gives). keep(a, b) receives the positions of the tokens' cells a batch at a time,
+        as soon as they are computed.
+        """
+        ctx, scratch = self.ctx, self.roles.scratch
+        sources = [(library_of(m), a, b) for m, a, b in shared_context]
+        if must_share and any(seq is None for seq, _, _ in sources):
+            missing = sorted({m for (m, _, _), (seq, _, _) in zip(shared_context, sources) if seq is None})
+            raise EngineError(f"encodings {missing} must be resident before the module computed after them "
+                              "(ModuleCache makes them so)")
+        if sources and all(seq is not None for seq, _, _ in sources):
+            for seq, a, b in sources:
+                ctx.seq_cp(seq, scratch, a, b)
+            ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False,
+                       after_chunk=lambda lo, hi: keep(start + lo, start + hi))
+        else:
+            first = start - len(context)
+
+            def keep_tokens(lo: int, hi: int) -> None:  # chunk indices count the context first
+                if hi > len(context):
+                    keep(max(first + lo, start), first + hi)
+
+            ctx.decode(context + tokens, range(first, start + len(tokens)), scratch, logits_last=False,
+                       after_chunk=keep_tokens)
+
+    # --- at home, then moved ------------------------------------------------------
+
+    def encode_at_home(self, layout: Layout, key: str, shift: int, library: int,
+                       on_computed: OnComputed | None = None) -> list[bytes]:
+        """Returns the blobs of encoding `key` computed at its home (pml.encoding.home_shift), placed `shift` later.
+
+        The blobs are what the byte tiers keep: a restore moves them by the same relocator,
+        so cells placed from a store are the bytes placed right after encoding. A module's jobs
+        are computed in the workspace, or, for sliding-window models (which have none), in
+        the library context with the hold (compute_in_library); a scaffold's job in the library
+        context too (compute_scaffold_in_library).
+        """
+        if key.startswith(SCAFFOLD_PREFIX):
+            job = home_scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], self.mode)
+            computed = [(self.compute_scaffold_in_library(job, on_computed), job.runs[0].start, job.runs[-1].end)]
+        else:
+            computed = [(self._compute_at_home(job, on_computed), job.run.start, job.run.end)
+                        for job in home_jobs(layout, key, self.mode)]
+        blobs = []
+        for parts, start, end in computed:
+            for blob in parts:
+                self.place(ops.relocate(blob, shift, self.rope), start + shift, end + shift, library)
+            blobs += parts
+        return blobs
+
+    def place(self, blob, start: int, end: int, library: int) -> None:
+        """Restores a blob's cells, which sit at positions [start, end), into `library` and the pin."""
+        ctx, scratch = self.ctx, self.roles.scratch
+        ctx.seq_rm(scratch)
+        try:
+            ctx.state_set(scratch, blob)
+            ctx.seq_cp(scratch, library, start, end)
+            ctx.seq_cp(scratch, self.roles.pin, start, end)
         finally:
             ctx.seq_rm(scratch)
 
+    def _compute_in_workspace(self, job: EncodeJob, on_computed: OnComputed | None = None) -> list[bytes]:
+        """Returns the one state blob of the job's run, computed after its context from slot 0 of the workspace."""
+        return [self.workspace.compute(job, self.ctx.n_stream, on_computed)]
 
-def _encode_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *, scratch: int, library: int,
-                         pin: int, on_computed: OnComputed | None = None) -> None:
-    """Computes the job's context and run in the workspace's empty stream, then shares the run's cells into `library`.
+    def compute_in_library(self, job: EncodeJob, on_computed: OnComputed | None = None) -> list[bytes]:
+        """Returns the state blobs of the job's run computed after its context, one per whole-state span.
 
-    Why not share the context from the library: attention sums cells in slot order, and
-    library cells sit wherever earlier encodings, evictions and restores left room, so the
-    same run computed there could differ in its last bits from one history to another.
-    """
-    blob = compute_in_workspace(ctx, job, workspace, on_computed=on_computed)
-    place_blob(ctx, blob, job.run.start, job.run.end, scratch=scratch, library=library, pin=pin)
+        This is the home computation of sliding-window models. A workspace stream cannot give a
+        long run back whole: a state of a sequence longer than the window leaves out its masked
+        window-layer cells, and a stream has no second sequence to read a span through
+        (llama.cpp copies between streams only whole sequences). Here the run is computed in
+        the library context and held by the hold (_compute_held), then read span by span
+        (Context.whole_state_spans).
+        """
+        try:
+            self._compute_held(job.context, job.run.tokens, job.run.start, on_computed)
+            return self._held_blobs(job.run.start, job.run.end)
+        finally:
+            self.ctx.seq_rm(self.roles.scratch)
+            self.ctx.seq_rm(self.roles.hold)
 
+    def compute_scaffold_in_library(self, job: ScaffoldJob, on_computed: OnComputed | None = None) -> list[bytes]:
+        """Returns the state blobs of a scaffold's runs computed jointly, each moved to its own position in the job.
 
-def compute_in_workspace(ctx: Context, job: EncodeJob, workspace: Workspace, *,
-                         on_computed: OnComputed | None = None) -> bytes:
-    """Returns the state blob (in `ctx`'s stream layout) of the job's run, computed after its context from slot 0."""
-    work, seq = workspace.ctx, workspace.seq
-    run = job.run
-    work.seq_rm(seq)
-    try:
-        # The context in a batch of its own, then the run: the batches a full prefill split at the
-        # run's start computes, and those of the preamble's own encoding (kernels round by batch).
-        if job.context:
-            work.decode(job.context, range(job.first_position, run.start), seq, logits_last=False)
-        work.decode(run.tokens, range(run.start, run.end), seq, logits_last=False,
-                    after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
-        if job.context:
-            work.seq_rm(seq, job.first_position, run.start)
-        return bytes(ops.restream(work.state_get(seq), ctx.n_stream))
-    finally:
-        work.seq_rm(seq)
+        The runs are computed back to back after the context and held (_compute_held), read
+        back span by span, and each blob moved by the relocator from where its run was
+        computed to where the job puts it. seq_add would move them too, but its K-shift is
+        applied only by a decode, which could reuse the cells of a sliding-window model that
+        the hold alone still holds.
+        """
+        try:
+            self._compute_held(job.context, job.tokens, job.runs[0].start, on_computed)
+            blobs = []
+            for run, computed in zip(job.runs, job.computed_starts()):
+                blobs += [ops.relocate(blob, run.start - computed, self.rope)
+                          for blob in self._held_blobs(computed, computed + len(run.tokens))]
+            return blobs
+        finally:
+            self.ctx.seq_rm(self.roles.scratch)
+            self.ctx.seq_rm(self.roles.hold)
 
+    def _compute_held(self, context: tuple[int, ...], tokens: tuple[int, ...], start: int,
+                      on_computed: OnComputed | None = None) -> None:
+        """Computes `context` right before `start`, then `tokens` from `start`, leaving only the tokens, in the hold.
 
-def place_blob(ctx: Context, blob, start: int, end: int, *, scratch: int, library: int, pin: int) -> None:
-    """Restores a blob's cells, which sit at positions [start, end), into `library` and the pin."""
-    ctx.seq_rm(scratch)
-    try:
-        ctx.state_set(scratch, blob)
-        ctx.seq_cp(scratch, library, start, end)
-        ctx.seq_cp(scratch, pin, start, end)
-    finally:
-        ctx.seq_rm(scratch)
+        Both sequences start empty. The context gets a batch of its own, as in
+        Workspace.compute. The hold shares each batch of tokens as soon as it is computed: in
+        the library context llama.cpp would otherwise reuse a window-layer cell held by one
+        sequence once it lies a window behind (pin_cells). The pin cannot serve as the hold,
+        since it holds library cells at these positions too, and a state must be read from
+        a sequence holding these cells alone. The caller empties both sequences afterwards.
+        """
+        ctx, scratch, hold = self.ctx, self.roles.scratch, self.roles.hold
 
+        def keep(lo: int, hi: int) -> None:
+            ctx.seq_cp(scratch, hold, start + lo, start + hi)
+            if on_computed is not None:
+                on_computed(hi - lo)
 
-def encode_key_at_home(ctx: Context, layout: Layout, key: str, *, mode: str, shift: int, rope,
-                       workspace: Workspace | None, scratch: int, library: int, pin: int, hold: int,
-                       on_computed: OnComputed | None = None) -> list[bytes]:
-    """Returns the blobs of encoding `key` computed at its home (pml.encoding.home_shift), placed `shift` later.
-
-    The blobs are what the byte tiers keep: a restore moves them by the same relocator,
-    so cells placed from a store are the bytes placed right after encoding. A module's jobs
-    are computed in the `workspace`, or, for sliding-window models (which have none), in
-    the library context with `hold` (compute_in_library); a scaffold's job in the library
-    context too (compute_scaffold_in_library).
-    """
-    if key.startswith(SCAFFOLD_PREFIX):
-        job = home_scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
-        computed = [(compute_scaffold_in_library(ctx, job, rope, scratch=scratch, hold=hold, on_computed=on_computed),
-                     job.runs[0].start, job.runs[-1].end)]
-    else:
-        computed = [([compute_in_workspace(ctx, job, workspace, on_computed=on_computed)] if workspace is not None
-                     else compute_in_library(ctx, job, scratch=scratch, hold=hold, on_computed=on_computed),
-                     job.run.start, job.run.end) for job in home_jobs(layout, key, mode)]
-    blobs = []
-    for parts, start, end in computed:
-        for blob in parts:
-            place_blob(ctx, ops.relocate(blob, shift, rope), start + shift, end + shift,
-                       scratch=scratch, library=library, pin=pin)
-        blobs += parts
-    return blobs
-
-
-def compute_in_library(ctx: Context, job: EncodeJob, *, scratch: int, hold: int,
-                       on_computed: OnComputed | None = None) -> list[bytes]:
-    """Returns the state blobs of the job's run computed after its context, one per whole-state span.
-
-    This is the home computation of sliding-window models. A workspace stream cannot give a
-    long run back whole: a state of a sequence longer than the window leaves out its masked
-    window-layer cells, and a stream has no second sequence to read a span through
-    (llama.cpp copies between streams only whole sequences). Here the run is computed in
-    the library context and held by `hold` (_compute_held), then read span by span
-    (Context.whole_state_spans).
-    """
-    try:
-        _compute_held(ctx, job.context, job.run.tokens, job.run.start, scratch=scratch, hold=hold,
-                      on_computed=on_computed)
-        return _held_blobs(ctx, hold, scratch, job.run.start, job.run.end)
-    finally:
         ctx.seq_rm(scratch)
         ctx.seq_rm(hold)
+        if context:
+            ctx.decode(context, range(start - len(context), start), scratch, logits_last=False)
+        ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False, after_chunk=keep)
+        ctx.seq_rm(scratch)
 
-
-def compute_scaffold_in_library(ctx: Context, job: ScaffoldJob, rope, *, scratch: int, hold: int,
-                                on_computed: OnComputed | None = None) -> list[bytes]:
-    """Returns the state blobs of a scaffold's runs computed jointly, each moved to its own position in the job.
-
-    The runs are computed back to back after the context and held (_compute_held), read
-    back span by span, and each blob moved by the relocator from where its run was
-    computed to where the job puts it. seq_add would move them too, but its K-shift is
-    applied only by a decode, which could reuse the cells of a sliding-window model that
-    `hold` alone still holds.
-    """
-    try:
-        _compute_held(ctx, job.context, job.tokens, job.runs[0].start, scratch=scratch, hold=hold,
-                      on_computed=on_computed)
+    def _held_blobs(self, start: int, end: int) -> list[bytes]:
+        """Returns the state blobs of the hold's cells in [start, end), one per whole-state span, read through the scratch."""
+        ctx, scratch = self.ctx, self.roles.scratch
         blobs = []
-        for run, computed in zip(job.runs, job.computed_starts()):
-            blobs += [ops.relocate(blob, run.start - computed, rope)
-                      for blob in _held_blobs(ctx, hold, scratch, computed, computed + len(run.tokens))]
+        for a, b in ctx.whole_state_spans(start, end):
+            ctx.seq_cp(self.roles.hold, scratch, a, b)
+            blobs.append(ctx.state_get(scratch))
+            ctx.seq_rm(scratch)
         return blobs
-    finally:
-        ctx.seq_rm(scratch)
-        ctx.seq_rm(hold)
 
+    # --- the pin ----------------------------------------------------------------
 
-def _compute_held(ctx: Context, context: tuple[int, ...], tokens: tuple[int, ...], start: int, *, scratch: int,
-                  hold: int, on_computed: OnComputed | None = None) -> None:
-    """Computes `context` right before `start`, then `tokens` from `start`, leaving only the tokens, held by `hold`.
+    def pin_cells(self, resident: ResidentTier, start: int, end: int) -> None:
+        """Makes the pin sequence hold exactly the resident encodings' cells in positions [start, end).
 
-    Both sequences start empty. The context gets a batch of its own, as in
-    compute_in_workspace. `hold` shares each batch of tokens as soon as it is computed: in
-    the library context llama.cpp would otherwise reuse a window-layer cell held by one
-    sequence once it lies a window behind (pin_cells). The pin cannot serve as the hold,
-    since it holds library cells at these positions too, and a state must be read from
-    a sequence holding these cells alone. The caller empties both sequences afterwards.
-    """
-    def keep(lo: int, hi: int) -> None:
-        ctx.seq_cp(scratch, hold, start + lo, start + hi)
-        if on_computed is not None:
-            on_computed(hi - lo)
-
-    ctx.seq_rm(scratch)
-    ctx.seq_rm(hold)
-    if context:
-        ctx.decode(context, range(start - len(context), start), scratch, logits_last=False)
-    ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False, after_chunk=keep)
-    ctx.seq_rm(scratch)
-
-
-def _held_blobs(ctx: Context, hold: int, scratch: int, start: int, end: int) -> list[bytes]:
-    """Returns the state blobs of `hold`'s cells in [start, end), one per whole-state span, read through `scratch`."""
-    blobs = []
-    for a, b in ctx.whole_state_spans(start, end):
-        ctx.seq_cp(hold, scratch, a, b)
-        blobs.append(ctx.state_get(scratch))
-        ctx.seq_rm(scratch)
-    return blobs
-
-
-def pin_cells(ctx: Context, pin: int, resident: ResidentTier, start: int, end: int) -> None:
-    """Makes the pin sequence hold exactly the resident encodings' cells in positions [start, end).
-
-    Why a pin: llama.cpp's sliding-window cache counts a cell held by a single
-    sequence as free once it lies a window behind that sequence's end, and reusing
-    it purges the sequence's earlier positions (llama_kv_cache::find_slot,
-    apply_ubatch). A library's cells are read by prompts at any position, so each
-    is also held by the pin, which is never decoded into: a cell held by two
-    sequences is never reused. Cells being computed are pinned batch by batch
-    (Context.decode's after_chunk), since a long run would otherwise reuse its own
-    first cells. The pin may hold several cells at one position (union members).
-    """
-    ctx.seq_rm(pin, start, end)
-    for seq, a, b in resident.held_within(start, end):
-        ctx.seq_cp(seq, pin, a, b)
-
-
-def _decode_after_context(ctx: Context, scratch: int, shared_context, context: tuple[int, ...],
-                          tokens: tuple[int, ...], start: int, library_of: Callable[[str], int | None],
-                          keep: Callable[[int, int], None], *, must_share: bool = False) -> None:
-    """Computes `tokens` at [start, ...) in the empty `scratch` sequence, after their context.
-
-    The context's cells are shared from resident encodings when `shared_context` names
-    them all; otherwise the context tokens are computed right before `start`, unless
-    `must_share` (a chain neighbour's cells are not what computing its tokens afresh
-    gives). keep(a, b) receives the positions of the tokens' cells a batch at a time,
-    as soon as they are computed.
-    """
-    sources = [(library_of(m), a, b) for m, a, b in shared_context]
-    if must_share and any(seq is None for seq, _, _ in sources):
-        missing = sorted({m for (m, _, _), (seq, _, _) in zip(shared_context, sources) if seq is None})
-        raise EngineError(f"encodings {missing} must be resident before the module computed after them "
-                          "(ModuleCache makes them so)")
-    if sources and all(seq is not None for seq, _, _ in sources):
-        for seq, a, b in sources:
-            ctx.seq_cp(seq, scratch, a, b)
-        ctx.decode(tokens, range(start, start + len(tokens)), scratch, logits_last=False,
-                   after_chunk=lambda lo, hi: keep(start + lo, start + hi))
-    else:
-        first = start - len(context)
-
-        def keep_tokens(lo: int, hi: int) -> None:  # chunk indices count the context first
-            if hi > len(context):
-                keep(max(first + lo, start), first + hi)
-
-        ctx.decode(context + tokens, range(first, start + len(tokens)), scratch, logits_last=False,
-                   after_chunk=keep_tokens)
-
-
-def encode_scaffold(ctx: Context, job: ScaffoldJob, *, scratch: int, library: int, pin: int,
-                    library_of: Callable[[str], int | None], on_computed: OnComputed | None = None) -> None:
-    """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
-
-    The runs are decoded back to back in the empty `scratch` sequence after the
-    first member's context (llama.cpp needs consecutive positions), pinned as they
-    are computed, then each later run is moved forward to its layout position with
-    seq_add. Only scratch and the pin hold those cells at that point, and a cell has
-    one position, so the pin's hold moves with them and nobody else's cells move. The
-    move re-rotates K lazily, at the next llama_decode; seq_cp shares cells rather
-    than copying them, so the library gets the move too, and `apply_pending_shifts`
-    forces it before this returns (state blobs read later must hold rotated K).
-    If this raises, the pin may hold cells anywhere in the scaffold's span: the
-    caller re-pins that span (`pin_cells`). on_computed(n) hears of each batch's n member tokens.
-    """
-
-    def keep(a: int, b: int) -> None:
-        ctx.seq_cp(scratch, pin, a, b)
-        if on_computed is not None:
-            on_computed(b - a)
-
-    ctx.seq_rm(scratch)
-    moved = False
-    try:
-        _decode_after_context(ctx, scratch, job.shared_context, job.context, job.tokens, job.runs[0].start,
-                              library_of, keep, must_share=job.after is not None)
-        # Last run first: each moves forward onto positions no run still to move occupies.
-        for run, computed in reversed(list(zip(job.runs, job.computed_starts()))):
-            if run.start != computed:
-                ctx.seq_add(scratch, computed, computed + len(run.tokens), run.start - computed)
-                moved = True
-        for run in job.runs:
-            ctx.seq_cp(scratch, library, run.start, run.end)
-    finally:
-        ctx.seq_rm(scratch)
-    if moved:
-        apply_pending_shifts(ctx, scratch)
+        Why a pin: llama.cpp's sliding-window cache counts a cell held by a single
+        sequence as free once it lies a window behind that sequence's end, and reusing
+        it purges the sequence's earlier positions (llama_kv_cache::find_slot,
+        apply_ubatch). A library's cells are read by prompts at any position, so each
+        is also held by the pin, which is never decoded into: a cell held by two
+        sequences is never reused. Cells being computed are pinned batch by batch
+        (Context.decode's after_chunk), since a long run would otherwise reuse its own
+        first cells. The pin may hold several cells at one position (union members).
+        """
+        pin = self.roles.pin
+        self.ctx.seq_rm(pin, start, end)
+        for seq, a, b in resident.held_within(start, end):
+            self.ctx.seq_cp(seq, pin, a, b)
 
 
 def apply_pending_shifts(ctx: Context, scratch: int) -> None:
     """Makes llama.cpp re-rotate K of every moved cell now, by decoding one throwaway token.
 
     llama.cpp applies seq_add's K-shift at the start of the next llama_decode and
-    has no other public call for it; the token goes into the empty scratch sequence
+    has no other public call for it; the token goes into the empty sequence `scratch`
     and is dropped at once.
     """
     try:
         ctx.decode([ctx.model.bos_id if ctx.model.bos_id is not None else 0], [0], scratch, logits_last=False)
     finally:
         ctx.seq_rm(scratch)
-
-
-def encode_key(ctx: Context, layout: Layout, key: str, *, mode: str, scratch: int, library: int, pin: int,
-               library_of: Callable[[str], int | None], workspace: Workspace | None = None,
-               on_computed: OnComputed | None = None) -> None:
-    """Computes the encoding `key` (a module, or scaffold_key(name)) into `library` (and `pin`) at its layout positions.
-
-    on_computed(n), when given, is called after each llama_decode batch with the n tokens of
-    the encoding it computed (not the context computed before them): the progress of long encodings.
-    """
-    if key.startswith(SCAFFOLD_PREFIX):
-        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
-        if job is not None:
-            encode_scaffold(ctx, job, scratch=scratch, library=library, pin=pin, library_of=library_of,
-                            on_computed=on_computed)
-    else:
-        encode_module(ctx, layout, key, mode=mode, scratch=scratch, library=library, pin=pin, library_of=library_of,
-                      workspace=workspace, on_computed=on_computed)

@@ -7,8 +7,8 @@ later process (or a later prompt, after eviction) gets it back without computing
 When the context runs out of cells, the least recently used encodings are
 evicted from it; their bytes stay in the tiers below.
 
-The tiers say which one served each encoding ("context", "ram", "disk" or
-"encoded"): what Result.tiers reports.
+The tiers say which one served each encoding (a pc_cpu.result.Tier): what
+Result.tiers reports.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from typing import Callable, Iterable
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
-from pc_cpu.engine.encoder import Workspace, compute_in_workspace, encode_key, encode_key_at_home, pin_cells
+from pc_cpu.engine.encoder import Encoder, Workspace
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
                                  encoding_runs, home_jobs, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
+from pc_cpu.result import Tier
 from pc_cpu.kvstate import ops, parts
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
@@ -32,10 +33,6 @@ from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import Hit, TieredStore
 
 log = logging.getLogger(__name__)
-
-TIER_CONTEXT = "context"
-TIER_ENCODED = "encoded"
-
 
 @dataclass(frozen=True)
 class Placed:
@@ -60,14 +57,12 @@ class ModuleCache:
     def __init__(self, ctx: Context, resident: ResidentTier, store: TieredStore | None, roles: SequenceRoles, *,
                  mode: str, workspace: Workspace | None = None, rope: tuple[RopeParams, ...] | None = None):
         self.ctx = ctx
-        self.workspace = workspace  # where encodings are computed from slot 0 (encoder.encode_module)
-        self.hold = roles.hold  # holds what is computed at home in this context (encoder.compute_in_library)
+        self.roles = roles  # the scratch reads and restores states; the pin holds every resident cell too
         self.resident = resident
         self.store = store
-        self.scratch = roles.scratch
-        self.pin = roles.pin  # holds every resident cell too, so llama.cpp never reuses one (encoder.pin_cells)
         self.mode = mode
         self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
+        self.encoder = Encoder(ctx, roles, mode=mode, workspace=workspace, rope=rope)
         # Encodings are computed at their home and moved into place (pml.encoding.home_shift) when the
         # relocator can move this model's cells; otherwise in place, and editing a module's length
         # re-encodes the encodings after it.
@@ -110,7 +105,7 @@ class ModuleCache:
         return self.resident.get(self.resident_key_of(layout, key))
 
     def ensure(self, layout: Layout, keys: Iterable[str], *, reserve: int = 0, pinned: Iterable[StoreKey] = (),
-               on_computed: Callable[[str, int], None] | None = None) -> dict[str, str]:
+               on_computed: Callable[[str, int], None] | None = None) -> dict[str, Tier]:
         """Makes every encoding in `keys` resident, leaving `reserve` cells free; returns the tier of each.
 
         Encodings in `pinned` (keys that running prompts read) are never evicted.
@@ -145,7 +140,7 @@ class ModuleCache:
         jobs = home_jobs(layout, key, self.mode)
         if any(job.after is not None for job in jobs) or self._lookup(layout, key, store_key) is not None:
             return False
-        blobs = [compute_in_workspace(self.ctx, job, workspace, on_computed=on_computed) for job in jobs]
+        blobs = [workspace.compute(job, self.ctx.n_stream, on_computed) for job in jobs]
         self.encoded += 1
         shift = self.shift_of(layout, key)
         self._save_blobs(store_key, blobs, tuple(Run(r.start - shift, r.tokens) for r in encoding_runs(
@@ -153,30 +148,26 @@ class ModuleCache:
         return True
 
     def _ensure_one(self, layout: Layout, key: str, keep: set,
-                    on_computed: Callable[[str, int], None] | None = None) -> str:
+                    on_computed: Callable[[str, int], None] | None = None) -> Tier:
         store_key = self.key_of(layout, key)
         resident_key = self.resident_key_of(layout, key)
         if self.resident.contains(resident_key):
             self.resident.touch(resident_key)
-            return TIER_CONTEXT
+            return Tier.CONTEXT
         runs = encoding_runs(layout, key, self.mode)
         shift = self.shift_of(layout, key)
         hit = self._lookup(layout, key, store_key)
         if hit is not None and self._restore_or_forget(resident_key, store_key, hit, runs, shift, keep):
-            return hit.tier
+            return Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
         keep = keep | self._make_neighbours_resident(layout, key, keep)
         self._make_room(encode_cells(layout, key, self.mode), keep)
         library = self._place(resident_key, runs, keep)
         notify = None if on_computed is None else lambda n: on_computed(key, n)
         try:
             if shift:
-                blobs = encode_key_at_home(self.ctx, layout, key, mode=self.mode, shift=shift, rope=self.rope,
-                                           workspace=self.workspace, scratch=self.scratch, library=library,
-                                           pin=self.pin, hold=self.hold, on_computed=notify)
+                blobs = self.encoder.encode_at_home(layout, key, shift, library, notify)
             else:
-                encode_key(self.ctx, layout, key, mode=self.mode, scratch=self.scratch, library=library, pin=self.pin,
-                           library_of=lambda other: self.sequence_of(layout, other), workspace=self.workspace,
-                           on_computed=notify)
+                self.encoder.encode(layout, key, library, lambda other: self.sequence_of(layout, other), notify)
             self.encoded += 1
         except Exception:
             self._drop(resident_key)
@@ -185,7 +176,7 @@ class ModuleCache:
             self._save_blobs(store_key, blobs, tuple(Run(r.start - shift, r.tokens) for r in runs))
         else:
             self._save(store_key, library, runs)
-        return TIER_ENCODED
+        return Tier.ENCODED
 
     def _restore_or_forget(self, resident_key, store_key: StoreKey, hit: Hit, runs: tuple[Run, ...], shift: int,
                            keep: set) -> bool:
@@ -254,7 +245,7 @@ class ModuleCache:
         for start, end in intervals:
             self.ctx.seq_rm(seq, start, end)
         if intervals:  # the whole span: a failed scaffold may have pinned cells between its runs
-            pin_cells(self.ctx, self.pin, self.resident, intervals[0][0], intervals[-1][1])
+            self.encoder.pin_cells(self.resident, intervals[0][0], intervals[-1][1])
 
     def _lookup(self, layout: Layout, key: str, store_key: StoreKey) -> Hit | None:
         """Returns the stored entry of `key`; a union member brings its siblings into RAM with it.
@@ -329,10 +320,10 @@ class ModuleCache:
         try:
             for run in runs:
                 if run.start < end and start < run.end:
-                    self.ctx.seq_cp(library, self.scratch, max(run.start, start), min(run.end, end))
-            return self.ctx.state_get(self.scratch)
+                    self.ctx.seq_cp(library, self.roles.scratch, max(run.start, start), min(run.end, end))
+            return self.ctx.state_get(self.roles.scratch)
         finally:
-            self.ctx.seq_rm(self.scratch)
+            self.ctx.seq_rm(self.roles.scratch)
 
     def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int, shift: int = 0) -> str | None:
         """Loads `entry`'s cells into `library` (and the pin); returns why not when they are not the cells `runs` need.
@@ -358,15 +349,11 @@ class ModuleCache:
             return f"its cells cannot be moved into place ({exc})"
         try:
             for blob, info in zip(blobs, infos):
-                self.ctx.state_set(self.scratch, blob)
-                self.ctx.seq_cp(self.scratch, library, info.pos_min + shift, info.pos_max + 1 + shift)
-                self.ctx.seq_cp(self.scratch, self.pin, info.pos_min + shift, info.pos_max + 1 + shift)
-                self.ctx.seq_rm(self.scratch)
+                self.encoder.place(blob, info.pos_min + shift, info.pos_max + 1 + shift, library)
         except EngineError as exc:
             for run in runs:  # the parts restored before the refusal
                 self.ctx.seq_rm(library, run.start, run.end)
-            pin_cells(self.ctx, self.pin, self.resident, runs[0].start, runs[-1].end)
+            self.encoder.pin_cells(self.resident, runs[0].start, runs[-1].end)
             return f"llama.cpp refused it ({exc}; saved with other settings, e.g. flash attention on/off?)"
-        finally:
-            self.ctx.seq_rm(self.scratch)
+
         return None

@@ -120,10 +120,10 @@ class Probe:
         with the cached cells position by position. `self.layer` says where that
         layer is in a state blob of the full model.
         """
-        ops = tuple(DecodeTokens(op.start, op.tokens, f"module {op.module}") if isinstance(op, CopyCells) else op
-                    for op in plan.ops)
+        decodes = tuple(DecodeTokens(op.start, op.tokens, f"module {op.module}") if isinstance(op, CopyCells) else op
+                        for op in plan.ops)
         try:
-            assemble(self.ctx, Plan(plan.schema, ops, plan.modules), _PROBE_SEQ, lambda key: None)
+            assemble(self.ctx, Plan(plan.schema, decodes, plan.modules), _PROBE_SEQ, lambda key: None)
             apply_pending_shifts(self.ctx, _SHIFT_SEQ)
             if self.layer is None:
                 counts = ops.section_layers(self.ctx.state_get(_PROBE_SEQ))

@@ -12,18 +12,21 @@ Two ways, measured against each other by `pc-cpu bench documents relocation` (be
 from __future__ import annotations
 
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeParams
 
 
-def copy_moved(ctx: Context, source: int, start: int, end: int, delta: int, dest: int, *, scratch: int,
+def copy_moved(ctx: Context, roles: SequenceRoles, source: int, start: int, end: int, delta: int, dest: int,
                rope: RopeParams | tuple[RopeParams, ...] | None) -> bool:
     """Puts a private copy of `source`'s cells at [start, end), moved by `delta`, into sequence `dest`.
 
-    `source`'s cells stay where they are (other prompts may share them). Returns True when the
-    copy's K rotation is still pending in llama.cpp (the seq_add fallback, used when `rope` is
-    None): apply_pending_shifts, or any decode, applies it. `rope`: as for relocate_blob.
+    `source`'s cells stay where they are (other prompts may share them); the copy is made in
+    the library's scratch sequence. Returns True when the copy's K rotation is still pending in
+    llama.cpp (the seq_add fallback, used when `rope` is None): apply_pending_shifts, or any
+    decode, applies it. `rope`: as for pc_cpu.kvstate.ops.relocate.
     """
+    scratch = roles.scratch
     ctx.seq_rm(scratch)
     try:
         ctx.seq_cp(source, scratch, start, end)

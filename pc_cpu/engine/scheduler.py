@@ -21,7 +21,9 @@ shared (seq_cp), then moved into its own stream of the prompt context in
 position order, where its own text is computed and its tokens generated
 (pc_cpu.engine.streams: the same tokens then give the same answer whatever the
 tier or the library held). A prompt holds library cells only while it is being
-assembled, so requests wait for a free slot, never for library cells.
+assembled, so requests wait for a free slot, never for library cells. What a
+prompt is, the scheduler does not know: it runs any PromptWork
+(pc_cpu.engine.prompt_work; schema_prompt and document_prompt are the two kinds).
 """
 
 from __future__ import annotations
@@ -32,120 +34,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Union
+from typing import Union
 
-from pc_cpu.engine.assembler import assemble, decode_at
-from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
-from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.prompt_work import Head, PromptWork
 from pc_cpu.engine.sequences import SequenceRoles
-from pc_cpu.engine.relocate import copy_moved
 from pc_cpu.engine.sampler import Sampler, SamplingParams
-from pc_cpu.engine.streams import full_prefill, move_to_stream, split_tail
 from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, EngineError, PromptCacheError
-from pc_cpu.pml.encoding import encoding_runs
-from pc_cpu.pml.layout import ROOT, Layout
-from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
-from pc_cpu.result import Result
+from pc_cpu.result import Result, Tier
 
 log = logging.getLogger(__name__)
 
 _GIVE_WAY_POLL_S = 0.002  # how long give_way leaves the lock at a time: a decode step asks for it within that
-
-
-class PromptWork(Protocol):
-    """A prompt as the scheduler sees it: its size, how to build its stream, what its Result reports.
-
-    Two kinds: SchemaPrompt (a PML prompt assembled from a schema's modules) and
-    pc_cpu.engine.documents.DocumentWork (a question over documents).
-    """
-
-    use_cache: bool
-
-    def positions(self) -> int:
-        """Returns the positions the prompt occupies in its stream before generating."""
-
-    def prepare(self) -> dict[str, str]:
-        """Makes the prompt's saved cells available; returns the tier that served each (Result.tiers)."""
-
-    def prefill(self, slot: int) -> int:
-        """Builds the prompt in the empty stream `slot`; returns where generation continues (logits ready)."""
-
-    def counts(self) -> tuple[int, int, list[str]]:
-        """Returns (cached tokens, computed tokens, modules or documents used) for the Result."""
-
-    def head(self) -> tuple[tuple, int] | None:
-        """Returns what the prompt's restored cells are (a hashable signature) and where they end, or None.
-
-        Two prompts with one signature restore the same bytes at the same positions, so a
-        stream still holding the first's can serve the second by computing only its tail
-        (`prefill_tail`): exactly the cells a fresh restore gives. None: nothing to reuse
-        (the baseline, or cells computed in the library, whose bits depend on its history).
-        """
-
-    def prefill_tail(self, slot: int) -> int:
-        """Computes the prompt's tail in stream `slot`, which holds its head already; returns where generation continues."""
-
-    def held_tiers(self) -> dict[str, str]:
-        """Returns Result.tiers when the head was found in the prompt's stream: every encoding from the context."""
-
-
-@dataclass
-class SchemaPrompt:
-    """A PML prompt: its plan against a loaded layout, assembled from the ModuleCache's encodings."""
-
-    plan: Plan
-    layout: Layout
-    use_cache: bool
-    ctx: Context
-    prompts: Context
-    modules: ModuleCache
-    blender: Callable[[], "Blender | None"]
-
-    def positions(self) -> int:
-        return self.plan.end if self.use_cache else len(self.plan.tokens)
-
-    def prepare(self) -> dict[str, str]:
-        keys = self.plan.encodings if self.use_cache else frozenset()
-        # Library cells the assembly computes beside the shared ones: arguments, recomputed tokens.
-        staged = split_tail(self.plan)[0]
-        moved = sum(len(op.tokens) for op in staged.ops if isinstance(op, CopyCells) and op.moved)
-        new_cells = (staged.uncached_tokens + staged.selected_tokens + moved + 1) if self.use_cache else 0
-        return self.modules.ensure(self.layout, keys, reserve=new_cells)
-
-    def prefill(self, slot: int) -> int:
-        return prefill_slot(self.ctx, self.modules, self.layout, self.plan, slot, use_cache=self.use_cache,
-                            prompts=self.prompts, blender=self.blender())
-
-    def head(self) -> tuple[tuple, int] | None:
-        # The shared cells, and the schema text computed after them in batches of their own (every
-        # op but the last, the prompt's own text): what any prompt with this signature computes alike.
-        staged, tail = split_tail(self.plan)
-        if not self.use_cache or self.plan.select or not staged.ops or not all(
-                isinstance(op, CopyCells) for op in staged.ops):
-            return None  # select: recomputes some shared cells, so they are not what the keys say
-        copies = tuple((self.modules.key_of(self.layout, op.encoding), op.start, op.encoded_at, len(op.tokens))
-                       for op in staged.ops)
-        computed = tuple((op.tokens, op.start) for op in tail[:-1])
-        return copies + computed, tail[-1].start if tail else staged.end
-
-    def held_tiers(self) -> dict[str, str]:
-        return dict.fromkeys(sorted(self.plan.encodings), "context")
-
-    def prefill_tail(self, slot: int) -> int:
-        _, tail = split_tail(self.plan)
-        self.prompts.seq_rm(slot, tail[-1].start, -1)
-        decode_at(self.prompts, slot, tail[-1], want_logits=True)
-        return self.plan.end
-
-    def counts(self) -> tuple[int, int, list[str]]:
-        plan = self.plan
-        modules = [m for m in plan.modules if m != ROOT]
-        if self.use_cache:
-            return plan.cached_tokens, plan.uncached_tokens, modules
-        return 0, len(plan.tokens), modules
 
 
 @dataclass(frozen=True)
@@ -203,8 +105,8 @@ class Request:
     next_pos: int = 0
     cap: int = 0  # most tokens this request may generate
     ttft_ms: float = 0.0
-    tiers: dict[str, str] = field(default_factory=dict)
-    head: tuple[tuple, int] | None = None  # PromptWork.head: what its stream holds once prefilled
+    tiers: dict[str, Tier] = field(default_factory=dict)
+    head: Head | None = None  # PromptWork.head: what its stream holds once prefilled
 
     def emit(self, text: str) -> None:
         if text:
@@ -212,51 +114,16 @@ class Request:
             self.events.put(Piece(text))
 
 
-def prefill_slot(ctx: Context, modules: ModuleCache, layout: Layout, plan: Plan, slot: int, *, use_cache: bool,
-                 prompts: Context, blender: "Blender | None" = None) -> int:
-    """Builds `plan`'s KV cache in the empty stream `slot` of `prompts`; returns the position generation continues at.
-
-    Cached: the plan's shared cells (and its arguments and recomputed tokens) are assembled
-    in `ctx`'s staging sequence `slot` from resident modules (plus, with a `select:` policy,
-    the cells `blender` picks), moved into the stream in position order, and the prompt's
-    own text is computed there. Baseline: a full prefill of the identical tokens at
-    positions 0..n-1 in the stream.
-    """
-    if not use_cache:
-        return full_prefill(prompts, plan.tokens, slot)
-    prompts.seq_rm(slot)
-    head, tail = split_tail(plan)
-    if head.ops:
-        library_of = lambda key: modules.sequence_of(layout, key)  # noqa: E731
-        pending: list[bool] = []  # per moved module: its K rotation still pending in llama.cpp
-        if head.selected_tokens:
-            if blender is None:
-                raise EngineError("recompute 'select:…' needs the probe model; use PromptCache.generate")
-            blender.assemble(head, slot, library_of)
-        else:
-            def place_moved(op: CopyCells, seq: int) -> None:
-                pending.append(copy_moved(ctx, library_of(op.encoding), op.encoded_at, op.encoded_at + len(op.tokens),
-                                          op.start - op.encoded_at, seq, scratch=modules.scratch, rope=modules.rope))
-
-            assemble(ctx, head, slot, library_of, logits=False, place_moved=place_moved)
-        move_to_stream(ctx, slot, prompts, slot, scratch=modules.scratch,
-                       shifted=any(isinstance(op, DecodeTokens) for op in head.ops) or any(pending))
-    for i, op in enumerate(tail):
-        decode_at(prompts, slot, op, want_logits=i == len(tail) - 1)
-    return plan.end
-
-
 class Scheduler:
     """Admits, batches and retires the requests of one context; one worker thread does the llama.cpp calls."""
 
-    def __init__(self, ctx: Context, prompts: Context, modules: ModuleCache, roles: SequenceRoles, lock: FairLock,
-                 *, batch_invariant: bool = True):
+    def __init__(self, ctx: Context, prompts: Context, roles: SequenceRoles, lock: FairLock, *,
+                 batch_invariant: bool = True):
         self.ctx = ctx  # the library context: where prompts are assembled (slot i stages stream i)
         self.prompts = prompts  # one stream per slot: where prompts are finished and generated
-        self.modules = modules
         self._free = list(reversed(roles.slots))  # pop() hands out the lowest slot first
         # What each free slot's stream still holds from its last prompt (PromptWork.head), for reuse.
-        self._held: dict[int, tuple[tuple, int]] = {}
+        self._held: dict[int, Head] = {}
         self._lock = lock  # the PromptCache's: schema loading waits between steps
         self._wake = threading.Condition()
         self._pending: deque[Request] = deque()
@@ -264,7 +131,6 @@ class Scheduler:
         self._closing = False
         self._thread: threading.Thread | None = None
         self.stats = SchedulerStats()
-        self.blender: Blender | None = None  # set by PromptCache when a prompt first asks for select:
         self.batch_invariant = batch_invariant  # see the module docstring
 
     # --- callers' side --------------------------------------------------------
@@ -430,11 +296,11 @@ class Scheduler:
         self._release(request, keep_head=reason != "cancelled")
         job = request.job
         total = (time.perf_counter() - job.t0) * 1000
-        cached, uncached, modules = job.work.counts()
+        counts = job.work.counts()
         result = Result(text="".join(request.text), token_ids=list(request.tokens),
-                        ttft_ms=request.ttft_ms or total, total_ms=total, cached_tokens=cached,
-                        uncached_tokens=uncached, finish_reason=reason, use_cache=job.work.use_cache,
-                        modules=modules, tiers=request.tiers)
+                        ttft_ms=request.ttft_ms or total, total_ms=total, cached_tokens=counts.cached,
+                        uncached_tokens=counts.uncached, finish_reason=reason, use_cache=job.work.use_cache,
+                        modules=list(counts.modules), tiers=request.tiers)
         request.events.put(Done(result))
 
     def _fail(self, request: Request, error: BaseException) -> None:
@@ -446,9 +312,9 @@ class Scheduler:
     def drop_held(self) -> int:
         """Empties the streams that free slots keep for reuse; returns their cells. Call with the PromptCache's lock."""
         cells = 0
-        for slot, (_, end) in list(self._held.items()):
+        for slot, head in list(self._held.items()):
             self.prompts.seq_rm(slot)
-            cells += end
+            cells += head.end
         self._held.clear()
         return cells
 

@@ -28,38 +28,41 @@ from __future__ import annotations
 
 import struct
 from dataclasses import replace
+from typing import NamedTuple
 
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.state_blob import STREAM_COUNT_OFFSET
 
 
-def split_tail(plan: Plan) -> tuple[Plan, tuple[DecodeTokens, ...]]:
+class SplitPlan(NamedTuple):
+    """A plan cut after its last shared cells: what the library context assembles, and what the stream computes."""
+
+    staged: Plan  # the ops up to the last CopyCells: assembled where module cells can be shared
+    tail: tuple[DecodeTokens, ...]  # the decodes after them (the prompt's own text): computed in its stream
+
+
+def split_tail(plan: Plan) -> SplitPlan:
     """Returns the plan up to its last shared cells, and the decodes after them (the prompt's own text).
 
-    The head is assembled in the library context, where module cells can be shared; the
-    tail is computed in the prompt's stream. A plan that shares nothing is all tail.
+    A plan that shares nothing is all tail.
     """
     copies = [i for i, op in enumerate(plan.ops) if isinstance(op, CopyCells)]
     cut = copies[-1] + 1 if copies else 0
-    head = Plan(plan.schema, plan.ops[:cut], plan.modules, plan.select, plan.select_by_module)
-    return head, tuple(plan.ops[cut:])
+    staged = Plan(plan.schema, plan.ops[:cut], plan.modules, plan.select, plan.select_by_module)
+    return SplitPlan(staged, tuple(plan.ops[cut:]))
 
 
-def move_to_stream(library: Context, staging: int, prompts: Context, slot: int, *, scratch: int,
-                   shifted: bool) -> None:
+def move_to_stream(library: Context, staging: int, prompts: Context, slot: int) -> None:
     """Moves the cells of `library`'s sequence `staging` into `prompts`' empty stream `slot`, sorted by position.
 
-    `shifted`: some staging cells were moved with seq_add (a parameter after a gap), so
-    their K rotation is still pending in llama.cpp and is applied first (in `scratch`).
-    The staging sequence is emptied; the cells it shared stay with their libraries.
+    Cells moved with seq_add must have had their K rotation applied first (apply_pending_shifts):
+    a state read from llama.cpp holds K as it is. The staging sequence is emptied; the cells it
+    shared stay with their libraries.
     """
     other_streams = 4 * (prompts.n_stream - 1)  # an empty stream is its cell count, 0
     try:
-        if shifted:
-            apply_pending_shifts(library, scratch)
         view = library.state_get_reusing(staging, room_after=other_streams)
     finally:
         library.seq_rm(staging)

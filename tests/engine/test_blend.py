@@ -99,7 +99,7 @@ def test_selecting_everything_gives_the_full_prefill_answer(make_cache):
     module_cells = sum(len(op.tokens) for op in plan.ops if getattr(op, "module", "#root") != "#root")
     assert plan.selected_tokens == module_cells > 0
     got = cache.generate(GAP_FREE, max_tokens=8, recompute="select:100%")
-    assert len(cache._scheduler.blender.last_selected) == plan.selected_tokens
+    assert len(cache.blender.last_selected) == plan.selected_tokens
     assert got.token_ids == fresh.generate(GAP_FREE, max_tokens=8, use_cache=False).token_ids
 
 
@@ -121,7 +121,7 @@ def test_module_by_module_refresh_recomputes_the_same_cells(make_cache):
         found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2)
         cache.prompts.seq_rm(PROMPT_SEQ)
         assert found == list(plan.positions)  # every cell in place, none doubled
-        chosen[policy] = cache._scheduler.blender.last_selected
+        chosen[policy] = cache.blender.last_selected
     assert chosen["select:40%"] == chosen["select:40%@module"] and chosen["select:40%"]
 
 
@@ -130,7 +130,7 @@ def test_selection_recomputes_the_most_deviating_cells_in_place(make_cache):
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="select:30%")
     cache.prefill(plan, use_cache=True)
-    blender = cache._scheduler.blender
+    blender = cache.blender
     found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2)
     cache.prompts.seq_rm(PROMPT_SEQ)
     assert found == list(plan.positions)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.engine.encoder import encode_key
 from pc_cpu.errors import EngineError
 from tests.conftest import batched_prefill_logits, prefill_logits
 
@@ -73,8 +72,7 @@ def test_chain_module_whose_neighbour_is_not_resident_is_refused_not_computed_af
     modules = cache.modules
 
     with pytest.raises(EngineError, match=r"\['a'\] must be resident"):
-        encode_key(cache.ctx, layout, "b", mode="chain", scratch=modules.scratch, library=modules.pin + 1,
-                   pin=modules.pin, library_of=lambda other: None if other == "a" else 0)
+        modules.encoder.encode(layout, "b", cache.roles.libraries[0], lambda other: None if other == "a" else 0)
 
 
 # tiny_only: chain links are computed in the library, among other cells, so the small and the large

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.engine.encoder import compute_in_library, compute_in_workspace, compute_scaffold_in_library
 from pc_cpu.pml.encoding import encode_jobs, encoding_keys, scaffold_job, scaffold_key
 from pc_cpu.kvstate import state_blob
 from tests.engine.test_determinism import prompt_logits
@@ -131,11 +130,11 @@ def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(m
     layout = cache.layout("lib")
     assert cache.modules.shift_of(layout, "n2") > 0
     (job,) = encode_jobs(layout, "n2", cache.encoding)  # in place: the context right before the run
-    if cache.modules.workspace is not None:
-        in_place = compute_in_workspace(cache.ctx, job, cache.modules.workspace)
+    encoder = cache.modules.encoder
+    if encoder.workspace is not None:
+        in_place = encoder.workspace.compute(job, cache.ctx.n_stream)
     else:  # sliding-window models compute in the library context, in whole-state spans
-        in_place = state_blob.splice(compute_in_library(cache.ctx, job, scratch=cache.roles.scratch,
-                                                        hold=cache.modules.hold))
+        in_place = state_blob.splice(encoder.compute_in_library(job))
     moved = resident_state(cache, cache.modules.sequence_of(layout, "n2"), [job.run])
     check_moved_cells(moved, in_place, list(range(job.run.start, job.run.end)))
 
@@ -205,7 +204,6 @@ def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place
     assert cache.modules.shift_of(layout, key) > 0
     job = scaffold_job(layout, "both", cache.encoding)  # in place: the context right before the first run
     assert len(job.runs) == 2  # a gap between them
-    in_place = state_blob.splice(compute_scaffold_in_library(cache.ctx, job, cache.modules.rope,
-                                                             scratch=cache.roles.scratch, hold=cache.modules.hold))
+    in_place = state_blob.splice(cache.modules.encoder.compute_scaffold_in_library(job))
     moved = resident_state(cache, cache.modules.sequence_of(layout, key), job.runs)
     check_moved_cells(moved, in_place, [p for run in job.runs for p in range(run.start, run.end)])

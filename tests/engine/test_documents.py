@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from pc_cpu.document_settings import setting
-from pc_cpu.engine.documents import DocumentWork, Piece
+from pc_cpu.engine.document_prompt import DocumentWork
+from pc_cpu.engine.documents import Piece
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
                                   with_recompute)
@@ -36,7 +37,7 @@ def _prompt(cache, question, docs, system=None):
 def cached_logits(cache, question, docs, system=None, recompute=None, *, state=False):
     """Returns the last-token logits of the cached document prompt, built in prompt stream 0 (and its state)."""
     prompt = with_recompute(_prompt(cache, question, docs, system), parse_policy(recompute))
-    work = DocumentWork(prompt, cache._documents, True)
+    work = DocumentWork(prompt, cache.documents.encoder, True)
     work.prepare()
     work.prefill(0)
     logits = cache.prompts.logits()
@@ -49,7 +50,7 @@ def home_blob(cache, text):
     """Returns the cells of `text` added as a document, as encoded at its home (no system message)."""
     doc = cache.add_document(text)
     preamble = preamble_tokens(None, cache.model, cache.markup)
-    blob, _ = cache._documents.document_blob(preamble, doc, document_tokens(text, cache.model))
+    blob, _ = cache.documents.encoder.document_blob(preamble, doc, document_tokens(text, cache.model))
     return blob
 
 
@@ -101,11 +102,11 @@ def test_a_document_at_its_home_equals_the_full_prefill_bit_for_bit(cache_with_s
 
 def test_relocating_by_zero_changes_no_byte(cache_with_store):
     cache = cache_with_store()
-    if cache._documents.ropes is None:
+    if cache.documents.encoder.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
     blob = home_blob(cache, PARIS)
     impl = native if native.available() else state_blob
-    assert bytes(impl.relocate(blob, 0, cache._documents.ropes)) == blob
+    assert bytes(impl.relocate(blob, 0, cache.documents.encoder.ropes)) == blob
 
 
 def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
@@ -113,7 +114,7 @@ def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
     # must be those of the relocator then the splicer, and a view of the last prompt's bytes that
     # is still held (the buffer cannot grow under it) must not break the next prompt.
     cache = cache_with_store()
-    encoder = cache._documents
+    encoder = cache.documents.encoder
     if encoder.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
     ids = [cache.add_document(text) for text in (PARIS, FUJI, PARIS + " It is also known for its cafes.")]
@@ -150,8 +151,8 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     work.seq_rm(0, d, d + prompt.home)
     in_place_blob = state_blob.restream(work.state_get(0), 1)
     work.seq_rm(0)
-    home_blob, _ = cache._documents.document_blob(prompt.preamble, doc, placed.tokens)
-    moved = layer0_keys(cache._documents.move(Piece(home_blob, d), empty=0))  # as `ask` moves it on this model
+    home_blob, _ = cache.documents.encoder.document_blob(prompt.preamble, doc, placed.tokens)
+    moved = layer0_keys(cache.documents.encoder.move(Piece(home_blob, d), empty=0))  # as `ask` moves it on this model
     in_place = layer0_keys(in_place_blob)
     assert sorted(moved) == sorted(in_place) == list(range(placed.start, placed.end))
     here = np.stack([in_place[p] for p in sorted(moved)])
@@ -160,8 +161,8 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
 
     # The whole prompt: `doc` moved, against `doc` computed where it is used.
     cached = cached_logits(cache, QUESTION, [other, doc])
-    preamble_blob, _ = cache._documents.preamble_blob(prompt.preamble)
-    other_blob, _ = cache._documents.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
+    preamble_blob, _ = cache.documents.encoder.preamble_blob(prompt.preamble)
+    other_blob, _ = cache.documents.encoder.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
     impl = native if native.available() else state_blob
     work.state_set(0, state_blob.restream(impl.splice([preamble_blob, other_blob, in_place_blob]), work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
@@ -412,12 +413,12 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
     # is turned with its own RoPE base. The prompt's logits are not compared: a Q4 model turns
     # those few ulps into logit changes of ~2% (measured).
     cache = cache_with_store()
-    if cache._documents.ropes is None:
+    if cache.documents.encoder.ropes is None:
         pytest.skip("this model's cells are moved by seq_add only (test_a_moved_document_... covers it)")
     blob = home_blob(cache, PARIS)
-    by_relocator = cache._documents.move(Piece(blob, 301), empty=0)
-    cache._documents.ropes = None
-    by_llama = cache._documents.move(Piece(blob, 301), empty=0)
+    by_relocator = cache.documents.encoder.move(Piece(blob, 301), empty=0)
+    cache.documents.encoder.ropes = None
+    by_llama = cache.documents.encoder.move(Piece(blob, 301), empty=0)
     (k_relocator, rest_relocator), (k_llama, rest_llama) = _k_and_rest(by_relocator), _k_and_rest(by_llama)
     assert rest_llama == rest_relocator  # positions, V and layout
     assert not np.array_equal(k_relocator, _k_and_rest(blob)[0])  # K was rotated
@@ -427,7 +428,7 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
 
 def test_documents_are_refused_where_cells_cannot_move(cache_with_store):
     cache = cache_with_store()
-    cache._documents.ropes = None
+    cache.documents.encoder.ropes = None
     cache.prompts.can_shift = False  # as a cache whose positions llama.cpp cannot shift reports
     with pytest.raises(DocumentError, match="cannot|does not allow"):
         cache.add_document(PARIS)
@@ -492,10 +493,10 @@ def test_a_document_has_the_same_bytes_whichever_workspace_encoded_it(make_cache
     cache = make_cache(store=False)
     preamble = preamble_tokens(None, cache.model, cache.markup)
     tokens = document_tokens(PARIS, cache.model)
-    key = cache._documents.document_key(preamble, document_id(PARIS), tokens)
-    by_adder, _ = cache._adder.document_blob(preamble, document_id(PARIS), tokens)
+    key = cache.documents.encoder.document_key(preamble, document_id(PARIS), tokens)
+    by_adder, _ = cache.documents.adder.document_blob(preamble, document_id(PARIS), tokens)
     cache.store.remove(key)
-    by_workspace, tier = cache._documents.document_blob(preamble, document_id(PARIS), tokens)
+    by_workspace, tier = cache.documents.encoder.document_blob(preamble, document_id(PARIS), tokens)
     assert tier == "encoded" and by_adder == by_workspace and state_blob.scan(by_adder).seq_id == 0
 
 

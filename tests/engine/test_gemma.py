@@ -211,6 +211,6 @@ def test_a_module_longer_than_the_window_is_computed_at_home_moved_and_kept_whol
 
 def test_a_module_longer_than_the_window_is_computed_at_home_with_few_sequences():
     with gemma(n_seq_max=8, parallel=4) as cache:  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
-        assert cache.modules.hold == 7
+        assert cache.roles.hold == 7
         cache.load_schema(MOVED)
         assert "Ada" in cache.generate(ASK_KEEPER, max_tokens=6).text

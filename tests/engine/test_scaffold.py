@@ -224,7 +224,7 @@ def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
     layout = cache.layout("g")
     resident = cache.modules.resident
     held = sorted(p for key in resident.keys() for a, b in resident.intervals(key) for p in range(a, b))
-    pinned = state_blob._layout_parse(cache.ctx.state_get(cache.modules.pin)).sections[0].positions
+    pinned = state_blob._layout_parse(cache.ctx.state_get(cache.roles.pin)).sections[0].positions
     scaffold = resident.intervals(cache.modules.key_of(layout, scaffold_key("both")))
     assert len(scaffold) == 2 and scaffold[0][1] < scaffold[1][0] < layout.length  # a gap: b's run was moved
     assert sorted(pinned.tolist()) == held  # members and scaffold alike, so some positions twice

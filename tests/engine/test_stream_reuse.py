@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pc_cpu.engine import scheduler as scheduler_module
-from pc_cpu.engine.documents import DocumentWork
+from pc_cpu.engine.document_prompt import DocumentWork
+from pc_cpu.engine.schema_prompt import SchemaPrompt
 
 SCHEMA = ('<schema name="lib"><system>Answer from the notes.</system><user>'
           '<module name="a">The red key opens the garden shed behind the house.</module>'
@@ -27,7 +27,7 @@ def count_calls(monkeypatch, cls, name):
 
 
 def test_the_same_modules_again_reuse_the_stream_and_answer_as_a_fresh_cache(make_cache, monkeypatch):
-    tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
+    tails = count_calls(monkeypatch, SchemaPrompt, "prefill_tail")
     cache = make_cache(store=False)
     cache.load_schema(SCHEMA)
     cache.generate(prompt("Which key opens the shed?"), max_tokens=8)
@@ -47,20 +47,20 @@ def test_a_select_prompt_neither_reuses_a_held_stream_nor_leaves_one(make_cache,
     # Its cells are the modules' with the chosen tokens computed again: not what the keys say. It
     # reused the stream of the same prompt without recompute, so select: recomputed nothing (Qwen
     # NQ 5: the same answers as policy 0 on 131 of 131 questions, at a higher speedup).
-    tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
+    tails = count_calls(monkeypatch, SchemaPrompt, "prefill_tail")
     cache = make_cache(store=False)
     cache.load_schema(SCHEMA)
     question = prompt("Which key opens the shed?")
     cache.generate(question, max_tokens=2, recompute="select:50%")
     cache.generate(question, max_tokens=2)  # nothing held to reuse: it restores
     assert tails == []
-    cache._scheduler.blender.last_selected = ()
+    cache.blender.last_selected = ()
     cache.generate(question, max_tokens=2, recompute="select:50%")  # the stream just held is not reused
-    assert tails == [] and len(cache._scheduler.blender.last_selected) > 0
+    assert tails == [] and len(cache.blender.last_selected) > 0
 
 
 def test_a_cancelled_prompt_leaves_nothing_to_reuse(make_cache, monkeypatch):
-    tails = count_calls(monkeypatch, scheduler_module.SchemaPrompt, "prefill_tail")
+    tails = count_calls(monkeypatch, SchemaPrompt, "prefill_tail")
     cache = make_cache(store=False)
     cache.load_schema(SCHEMA)
     stream = cache.stream(prompt("Which key opens the shed?"), max_tokens=50)

@@ -137,9 +137,9 @@ def pinned_cells(cache) -> int:
     """Returns how many cells the pin sequence holds (every resident cell, and nothing else)."""
     from pc_cpu.kvstate import state_blob
 
-    if cache.ctx.seq_pos_max(cache.modules.pin) < 0:
+    if cache.ctx.seq_pos_max(cache.roles.pin) < 0:
         return 0
-    return state_blob.scan(cache.ctx.state_get(cache.modules.pin)).n_cell
+    return state_blob.scan(cache.ctx.state_get(cache.roles.pin)).n_cell
 
 
 def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_cache):

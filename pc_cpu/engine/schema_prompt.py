@@ -1,0 +1,118 @@
+"""A PML prompt as the scheduler runs it: assembled from a schema's encodings, finished in its own stream.
+
+The plan is cut once (streams.split_tail) where its shared cells end. The part before is
+assembled in the library context's staging sequence of the prompt's slot, where module
+cells are shared (plus arguments, recomputed tokens, and with `select:` the cells the
+Blender picks), then moved into the prompt's stream in position order
+(streams.move_to_stream); the prompt's own text is computed there. The baseline
+(use_cache=False) is a full prefill of the identical tokens in the stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pc_cpu.engine.assembler import assemble, decode_at
+from pc_cpu.engine.blend import Blender
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.prompt_work import Counts, Head
+from pc_cpu.engine.relocate import copy_moved
+from pc_cpu.engine.streams import SplitPlan, full_prefill, move_to_stream, split_tail
+from pc_cpu.pml.layout import ROOT, Layout
+from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
+from pc_cpu.result import Tier
+
+
+@dataclass
+class SchemaPrompt:
+    """A PML prompt: its plan against a loaded layout, assembled from the ModuleCache's encodings (a PromptWork)."""
+
+    plan: Plan
+    layout: Layout
+    use_cache: bool
+    prompts: Context  # one stream per prompt slot
+    modules: ModuleCache  # of the library context
+    blender: Callable[[], Blender]  # the Blender of `select:` plans (LazyBlender.get); only they call it
+    split: SplitPlan = field(init=False)  # cut once: preparing, prefilling and the head each need it
+
+    def __post_init__(self) -> None:
+        self.split = split_tail(self.plan)
+
+    def positions(self) -> int:
+        return self.plan.end if self.use_cache else len(self.plan.tokens)
+
+    def prepare(self) -> dict[str, Tier]:
+        if not self.use_cache:
+            return self.modules.ensure(self.layout, frozenset(), reserve=0)
+        # Library cells the assembly computes beside the shared ones: arguments, recomputed tokens.
+        staged = self.split.staged
+        moved = sum(len(op.tokens) for op in staged.ops if isinstance(op, CopyCells) and op.moved)
+        new_cells = staged.uncached_tokens + staged.selected_tokens + moved + 1
+        return self.modules.ensure(self.layout, self.plan.encodings, reserve=new_cells)
+
+    def prefill(self, slot: int) -> int:
+        """Builds the prompt's KV cache in the empty stream `slot`; returns the position generation continues at."""
+        if not self.use_cache:
+            return full_prefill(self.prompts, self.plan.tokens, slot)
+        self.prompts.seq_rm(slot)
+        if self.split.staged.ops:
+            self._stage(slot)
+        tail = self.split.tail
+        for i, op in enumerate(tail):
+            decode_at(self.prompts, slot, op, want_logits=i == len(tail) - 1)
+        return self.plan.end
+
+    def _stage(self, slot: int) -> None:
+        """Assembles the shared part in the library's staging sequence `slot`, then moves it into stream `slot`."""
+        modules, ctx, staged = self.modules, self.modules.ctx, self.split.staged
+        library_of = lambda key: modules.sequence_of(self.layout, key)  # noqa: E731
+        pending: list[bool] = []  # per moved module: its K rotation still pending in llama.cpp
+        try:
+            if staged.selected_tokens:
+                self.blender().assemble(staged, slot, library_of)
+            else:
+                def place_moved(op: CopyCells, seq: int) -> None:
+                    pending.append(copy_moved(ctx, modules.roles, library_of(op.encoding), op.encoded_at,
+                                              op.encoded_at + len(op.tokens), op.start - op.encoded_at, seq,
+                                              modules.rope))
+
+                assemble(ctx, staged, slot, library_of, logits=False, place_moved=place_moved)
+            # Cells moved by seq_add (a parameter after a gap, the seq_add fallback) hold K unrotated
+            # until a decode applies it; a state read must hold the rotated K.
+            if any(isinstance(op, DecodeTokens) for op in staged.ops) or any(pending):
+                apply_pending_shifts(ctx, modules.roles.scratch)
+        except BaseException:
+            ctx.seq_rm(slot)
+            raise
+        move_to_stream(ctx, slot, self.prompts, slot)
+
+    def head(self) -> Head | None:
+        # The shared cells, and the schema text computed after them in batches of their own (every
+        # op but the last, the prompt's own text): what any prompt with this head computes alike.
+        staged, tail = self.split
+        if not self.use_cache or self.plan.select or not staged.ops or not all(
+                isinstance(op, CopyCells) for op in staged.ops):
+            return None  # select: recomputes some shared cells, so they are not what the keys say
+        copies = tuple((self.modules.key_of(self.layout, op.encoding), op.start, op.encoded_at, len(op.tokens))
+                       for op in staged.ops)
+        computed = tuple((op.tokens, op.start) for op in tail[:-1])
+        return Head(copies + computed, tail[-1].start if tail else staged.end)
+
+    def held_tiers(self) -> dict[str, Tier]:
+        return dict.fromkeys(sorted(self.plan.encodings), Tier.CONTEXT)
+
+    def prefill_tail(self, slot: int) -> int:
+        last = self.split.tail[-1]
+        self.prompts.seq_rm(slot, last.start, -1)
+        decode_at(self.prompts, slot, last, want_logits=True)
+        return self.plan.end
+
+    def counts(self) -> Counts:
+        plan = self.plan
+        modules = tuple(m for m in plan.modules if m != ROOT)
+        if self.use_cache:
+            return Counts(plan.cached_tokens, plan.uncached_tokens, modules)
+        return Counts(0, len(plan.tokens), modules)
