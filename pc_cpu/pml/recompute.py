@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pc_cpu.errors import PromptCacheError
 
 # Share of a fractional budget spent on a module's first tokens; the rest goes to its last.
-# DESIGN.md §6 measured the last tokens mattering more (tail 32: +3.3 points, head 8: +0.8).
+# The last tokens were measured mattering more (tail 32: +3.3 points, head 8: +0.8; bench/RESULTS.md).
 HEAD_SHARE = 0.25
 
 
