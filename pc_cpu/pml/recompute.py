@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pc_cpu.errors import PromptCacheError
 
 # Share of a fractional budget spent on a module's first tokens; the rest goes to its last.
-# The last tokens were measured mattering more (tail 32: +3.3 points, head 8: +0.8; bench/RESULTS.md).
+# The last tokens were measured mattering more on NQ (tail 32: +3.3 points, head 8: +0.8), in a run that
+# predates bench/RESULTS.md; `pc-cpu bench recompute run --policy tail:32 --policy head:8` measures it again.
 HEAD_SHARE = 0.25
 
 
