@@ -20,13 +20,13 @@ from pc_cpu.pml.encoding import ENCODING_MODES
 from pc_cpu.pml.documents import NO_TEXT, ORDERS, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
+from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
 
 # Importing this module (and `pc-cpu --help`) loads neither llama.cpp nor numpy nor the benchmarks (about a
 # second): commands import what they use (tests/test_cli_imports.py holds it so).
 
 EXIT_USAGE = 2
 LONG_PREFILL_TOKENS = 512  # above one decode batch, the wait before the first token is long enough to explain
-DEFAULT_MAX_DOCUMENTS = 10_000  # pc_cpu.store.documents's (not imported: it loads numpy); a test holds them equal
 
 
 def _read_source(value: str, what: str) -> str:
@@ -214,7 +214,6 @@ def _read_document(value: str) -> str:
 
     Its file name names its document: one that cannot (a newline in it, say) is refused too.
     """
-    from pc_cpu.store.documents import check_name
 
     path = Path(value)
     check_name(path.name)

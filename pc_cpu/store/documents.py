@@ -28,14 +28,16 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.store.atomic import find_orphans, write_atomically
 from pc_cpu.store.base import ModuleStore
-from pc_cpu.store.disk import ORPHAN, BadFile, DiskStore, delete_bad_file
 from pc_cpu.store.file_lock import exclusive
+
+if TYPE_CHECKING:  # the disk tier loads numpy; the CLI reads this module's limits without it (tests/test_cli_imports.py)
+    from pc_cpu.store.disk import BadFile, DiskStore
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ def document_label(doc_id: str) -> str:
 
 
 
-def library_directory(disk: DiskStore) -> Path:
+def library_directory(disk: "DiskStore") -> Path:
     """Returns where the document library of a disk store lives: beside its encodings, so both move together."""
     return disk.directory / "documents"
 
@@ -314,12 +316,14 @@ class DocumentLibrary:
                 except OSError as exc:
                     raise StoreError(f"cannot delete document {doc_id} from {self.directory}: {exc}") from None
 
-    def verify(self, *, delete: bool = False) -> list[BadFile]:
+    def verify(self, *, delete: bool = False) -> list["BadFile"]:
         """Returns the library's bad files, by name: unreadable document files and orphaned temp files.
 
         Args:
             delete: also delete them; one that cannot be deleted comes back with deleted=False.
         """
+        from pc_cpu.store.disk import ORPHAN, BadFile, delete_bad_file  # what the disk store reports, alike
+
         if self.directory is None:
             return []
         bad = []
