@@ -66,44 +66,68 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
     """
     if api_key is not None:
         api_key = check_api_key(api_key)  # here, not in BearerAuth: middleware is built on the first request
-    executor = ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pc-cpu-stream")
-    feeds: set[Feed] = set()
+    feeds = Feeds(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pc-cpu-stream"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        for feed in list(feeds):
-            feed.cancel()
-        executor.shutdown(wait=True)  # every stream closed before the caller may close the cache
+        feeds.close()  # every stream closed before the caller may close the cache
 
     app = FastAPI(title="pc_cpu", summary="Prompt Cache on llama.cpp, OpenAI-style", lifespan=lifespan)
     app.state.cache = cache
     app.state.feeds = feeds
-    model_name = cache.model.path.name
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)  # added last, so it runs first: no body read for strangers
-    adding_schema = asyncio.Lock()  # the limit is checked and the schema loaded as one step
+    _add_status_routes(app, cache, feeds)
+    _add_schema_routes(app, cache, max_schemas)
+    _add_document_routes(app, cache)
+    _add_completion_routes(app, cache, feeds)
+    return app
 
-    def open_feed(open_stream: Callable[[], object]) -> Feed:
-        feeds.difference_update([f for f in feeds if f.finished.is_set()])
-        feed = Feed(open_stream, executor)
-        feeds.add(feed)
+
+class Feeds:
+    """The answers being streamed, each from a worker thread of one pool; closing cancels them all."""
+
+    def __init__(self, executor: ThreadPoolExecutor):
+        self._executor = executor
+        self._feeds: set[Feed] = set()
+
+    def open(self, open_stream: Callable[[], object]) -> Feed:
+        """Returns a new feed of the stream `open_stream()` opens in a worker thread."""
+        self._feeds.difference_update([f for f in self._feeds if f.finished.is_set()])
+        feed = Feed(open_stream, self._executor)
+        self._feeds.add(feed)
         return feed
 
-    def document_json(doc) -> dict:  # in a worker thread: tokenizing a long document takes a while
-        return api.document_json(doc, len(cache.document_tokens(doc.text)))
+    @property
+    def active(self) -> int:
+        """Returns the streams not yet closed by their worker."""
+        return sum(not feed.finished.is_set() for feed in self._feeds)
+
+    def close(self) -> None:
+        """Cancels every stream, then waits for the workers to finish."""
+        for feed in list(self._feeds):
+            feed.cancel()
+        self._executor.shutdown(wait=True)
+
+
+def _add_status_routes(app: FastAPI, cache, feeds: Feeds) -> None:
+    model_name = cache.model.path.name
 
     @app.get("/health")
     async def health() -> dict:
-        active = sum(not feed.finished.is_set() for feed in feeds)  # streams not yet closed by their worker
-        return {"status": "ok", "model": model_name, "schemas": cache.schema_names, "active_streams": active}
+        return {"status": "ok", "model": model_name, "schemas": cache.schema_names, "active_streams": feeds.active}
 
     @app.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "pc_cpu"}]}
+
+
+def _add_schema_routes(app: FastAPI, cache, max_schemas: int) -> None:
+    adding_schema = asyncio.Lock()  # the limit is checked and the schema loaded as one step
 
     @app.get("/v1/schemas")
     def list_schemas() -> dict:
@@ -133,15 +157,10 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
             return JSONResponse(api.error_json(str(exc), type(exc).__name__), status_code=404)
         return {"name": name, "object": "schema", "deleted": True}
 
-    @app.post("/v1/completions")
-    async def completions(body: api.CompletionRequest, request: Request):
-        options = body.options()
-        id_ = api.new_id("cmpl")
-        prompt = body.prompt_pml()
-        feed = open_feed(lambda: cache.stream(prompt, options))
-        return await _answer(feed, request, body.stream,
-                             whole=lambda result: api.completion_json(id_, model_name, result),
-                             chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result))
+
+def _add_document_routes(app: FastAPI, cache) -> None:
+    def document_json(doc) -> dict:  # in a worker thread: tokenizing a long document takes a while
+        return api.document_json(doc, len(cache.document_tokens(doc.text)))
 
     @app.get("/v1/documents")
     async def list_documents() -> dict:
@@ -168,20 +187,34 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         doc = await run_in_threadpool(cache.remove_document, id_or_name)
         return {"id": doc.id, "object": "document", "names": list(doc.names), "deleted": True}
 
+
+def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
+    model_name = cache.model.path.name
+
+    @app.post("/v1/completions")
+    async def completions(body: api.CompletionRequest, request: Request):
+        options = body.options()
+        id_ = api.new_id("cmpl")
+        prompt = body.prompt_pml()
+        feed = feeds.open(lambda: cache.stream(prompt, options))
+        return await _answer(feed, request, body.stream,
+                             whole=lambda result: api.completion_json(id_, model_name, result),
+                             chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result))
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatRequest, request: Request):
         options = body.options()
         if body.documents is not None:
             question, system = body.question()
             documents = list(body.documents)
-            feed = open_feed(lambda: cache.stream_ask(question, options, documents=documents, system=system,
+            feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,
                                                        setting=body.setting, order=body.order))
         else:
             layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
             prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
                                      import_names=names)
-            feed = open_feed(lambda: cache.stream(prompt, options))
+            feed = feeds.open(lambda: cache.stream(prompt, options))
         id_ = api.new_id("chatcmpl")
 
         def chunk(text, result=None):
@@ -190,8 +223,6 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         return await _answer(feed, request, body.stream,
                              whole=lambda result: api.chat_json(id_, model_name, result), chunk=chunk,
                              first=api.chat_chunk(id_, model_name, {"role": "assistant", "content": ""}))
-
-    return app
 
 
 async def _answer(feed: Feed, request: Request, stream: bool, *,
