@@ -99,23 +99,10 @@ class PromptCache:
         self.encoding = check_mode(encoding)
         check_max_documents(max_documents)  # before the model loads: a mistake fails fast
         roles = SequenceRoles.for_contexts(parallel, n_seq_max)  # before the model loads, too
-        self.model = Model(resolve_model_path(model), verbose=verbose)
-        n_ctx = n_ctx or min(self.model.info.n_ctx_train or 8192, 8192)
-        config = ContextConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn)
-        try:
-            _check_training_context(n_ctx, self.model)
-            self.ctx = Context(self.model, config)
-        except Exception:
-            self.model.close()
-            raise
-        try:
-            # After the prompt slots: the encoders' workspace, then the one add_document computes in,
-            # batch by batch between the scheduler's steps (so no other encoder may use it meanwhile).
-            self.prompts = open_prompt_streams(self.ctx, roles.prompt_streams)
-        except Exception:
-            self.ctx.close()
-            self.model.close()
-            raise
+        self.model, self.ctx, self.prompts = _open_contexts(
+            Model(resolve_model_path(model), verbose=verbose), roles,
+            lambda model: ContextConfig(n_ctx=n_ctx or min(model.info.n_ctx_train or 8192, 8192),
+                                        n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn))
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
         self.roles = roles
@@ -433,6 +420,28 @@ class PromptCache:
     def _load_attached_schema(self, prompt_pml) -> None:
         # Prompts made by pc_cpu.pml.compiler carry their schema; load it on first use.
         self.schemas.load_attached(prompt_pml)
+
+def _open_contexts(model: Model, roles: SequenceRoles,
+                   config_of: Callable[[Model], ContextConfig]) -> tuple[Model, Context, Context]:
+    """Returns the model, its library context and its prompt context; on failure closes what it opened.
+
+    The prompt context has a stream per prompt slot, then the encoders' workspace, then the one
+    add_document computes in, batch by batch between the scheduler's steps (SequenceRoles).
+    """
+    try:
+        config = config_of(model)
+        _check_training_context(config.n_ctx, model)
+        ctx = Context(model, config)
+    except Exception:
+        model.close()
+        raise
+    try:
+        return model, ctx, open_prompt_streams(ctx, roles.prompt_streams)
+    except Exception:
+        ctx.close()
+        model.close()
+        raise
+
 
 def _check_training_context(n_ctx: int, model: Model) -> None:
     """Raises ContextBeyondTrainingError when n_ctx exceeds the positions the model was trained on (0: unknown).
