@@ -468,7 +468,7 @@ def _sampling(options: GenerationOptions) -> SamplingParams:
 def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
     """Returns the RoPE of each KV cache in a saved state (moved cells are relocated with them), or None.
 
-    None, for a RoPE the relocator does not know (pc_cpu.kvstate.state_blob.RopeMode) or a
+    None, for a RoPE the relocator does not know (pc_cpu.kvstate.rope.RopeMode) or a
     sliding-window architecture whose second base was not checked: cells are moved with
     llama.cpp's seq_add instead (pc_cpu.engine.documents, pc_cpu.engine.relocate.copy_moved).
     """
