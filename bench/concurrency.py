@@ -85,7 +85,7 @@ def main() -> None:
                       f"ttft p50 {row['ttft_ms_median']:9.1f} ms  wall {row['wall_s']:7.2f} s  "
                       f"kv cells {row['kv_cells']}", flush=True)
     for pc in caches.values():
-        print(json.dumps({"module_tokens": pc.layout("conc").cached_cells, "max_batch": pc._scheduler.stats.max_batch}))
+        print(json.dumps({"module_tokens": pc.layout("conc").cached_cells, "max_batch": pc.scheduler.stats.max_batch}))
         pc.close()
 
 

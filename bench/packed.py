@@ -52,7 +52,7 @@ def main() -> None:
         def run(setting: str) -> float:
             pc.modules.rope = None if setting == "moved_seq_add" else relocator
             prompt = in_order if setting == "in_order" else moved
-            pc._scheduler.drop_held()  # a stream still holding this prompt's cells would be reused, not assembled
+            pc.scheduler.drop_held()  # a stream still holding this prompt's cells would be reused, not assembled
             return pc.generate(prompt, max_tokens=1, use_cache=setting != "full_prefill").ttft_ms
 
         for setting in SETTINGS:  # warm-up, untimed

@@ -42,7 +42,7 @@ def main() -> None:
                 pc.evict()
                 pc.generate(_import_all(n), max_tokens=1)  # makes p0..p{n-1} resident
                 cells = pc.resident_cells
-                pc._scheduler.drop_held()  # measure the restore into a stream, not a kept stream's reuse
+                pc.scheduler.drop_held()  # measure the restore into a stream, not a kept stream's reuse
                 r = pc.generate(prompt, max_tokens=32)
                 ttft.append(r.ttft_ms)
                 per_token.append((r.total_ms - r.ttft_ms) / max(1, len(r.token_ids) - 1))

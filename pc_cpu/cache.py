@@ -5,16 +5,16 @@
     result = pc.generate('<prompt schema="trip"><paris/><user>Where to eat?</user></prompt>')
     print(result.text, result.ttft_ms)
 
-Two llama.cpp contexts. The library context (one unified KV cache) keeps encoded
-modules resident and assembles prompts from them; its sequence ids are the
-staging sequences 0..parallel-1 (one per prompt slot), the scratch sequence
-where modules are computed, the pin (it holds every resident cell as well, so
-llama.cpp never reuses one: pc_cpu.engine.encoder.pin_cells), then library
-sequences (pc_cpu.store.resident), and last the hold, where encodings computed
-at their home are kept while they are read (pc_cpu.engine.encoder.compute_in_library).
-The prompt context gives each prompt slot a stream of its own, where an assembled
+The façade: it opens the model and two llama.cpp contexts, then hands each job to its owner:
+schemas to pc_cpu.schemas (layouts, encoding as they load), documents to pc_cpu.documents
+(library, tokens, encoders, removal), encodings to pc_cpu.engine.modules.ModuleCache (resident
+cells, byte tiers), prompts to pc_cpu.engine.scheduler (one worker thread, continuous batching).
+
+The library context (one unified KV cache) keeps encoded modules resident and assembles prompts
+from them; the prompt context gives each prompt slot a stream of its own, where an assembled
 prompt is moved in position order, its text computed and its answer generated
-(pc_cpu.engine.streams, pc_cpu.engine.scheduler).
+(pc_cpu.engine.streams). Which sequence id plays which role in each is decided once, in
+pc_cpu.engine.sequences.SequenceRoles.
 """
 
 from __future__ import annotations
@@ -417,9 +417,20 @@ class PromptCache:
         """Returns the selector of `select:` recomputation once a prompt has loaded it, else None (tests, tools)."""
         return self._blender.loaded
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """Returns the scheduler that runs every prompt (its stats, active count), for tests and tools."""
+        return self._scheduler
+
+    @property
+    def lock(self) -> FairLock:
+        """Returns the lock every call into the contexts holds, in arrival order; hold it to drive them by hand."""
+        return self._lock
+
     def _load_attached_schema(self, prompt_pml) -> None:
         # Prompts made by pc_cpu.pml.compiler carry their schema; load it on first use.
         self.schemas.load_attached(prompt_pml)
+
 
 def _open_contexts(model: Model, roles: SequenceRoles,
                    config_of: Callable[[Model], ContextConfig]) -> tuple[Model, Context, Context]:

@@ -198,7 +198,7 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
 def uncached_only_ms(pc, question, docs) -> float:
     """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
     prompt = _prompt(pc, question, docs)
-    pc._scheduler.drop_held()  # stream 0 is used by hand below
+    pc.scheduler.drop_held()  # stream 0 is used by hand below
     work = DocumentWork(prompt, pc.documents.encoder, True)
     work.prepare()
     pieces = work._pieces
@@ -245,7 +245,7 @@ def relocation(job: DocumentsBench) -> dict:
             rng.shuffle(order)
             q = questions[gold]
             prompt = _prompt(pc, q.question, [ids[i] for i in order])
-            pc._scheduler.drop_held()  # streams 0 and the workspace are used by hand below
+            pc.scheduler.drop_held()  # streams 0 and the workspace are used by hand below
             work = DocumentWork(prompt, pc.documents.encoder, True)
             work.prepare()
             pieces = work._pieces

@@ -68,7 +68,7 @@ def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_
 def test_chain_module_whose_neighbour_is_not_resident_is_refused_not_computed_afresh(make_cache):
     cache = make_cache(encoding="chain")
     cache.load_schema(SCHEMA, encode=False)
-    layout = cache._loaded("s").layout
+    layout = cache.layout("s")
     modules = cache.modules
 
     with pytest.raises(EngineError, match=r"\['a'\] must be resident"):

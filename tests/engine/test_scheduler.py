@@ -44,7 +44,7 @@ def test_concurrent_prompts_get_their_single_request_answers(make_cache):
     alone = [cache.generate(prompt(q), max_tokens=24).token_ids for q in QUESTIONS]
     together = run_in_threads(lambda q: cache.generate(prompt(q), max_tokens=24).token_ids, QUESTIONS)
     assert together == alone
-    assert cache._scheduler.stats.max_batch > 1  # they did run together
+    assert cache.scheduler.stats.max_batch > 1  # they did run together
 
 
 def test_concurrent_streams_give_the_streamed_text_and_share_module_cells(make_cache):
@@ -63,7 +63,7 @@ def test_prompts_really_run_together(make_cache):
     # Each request reserves cells for its prompt and max_tokens: 4 x ~170 fit in 1,024.
     streams = [cache.stream(prompt(q), max_tokens=150) for q in QUESTIONS[:4]]
     results = [("".join(s), s.result)[1] for s in streams]
-    stats = cache._scheduler.stats
+    stats = cache.scheduler.stats
     assert stats.max_batch == 4
     assert stats.tokens == sum(len(r.token_ids) - 1 for r in results)  # each first token comes from its prefill
 
@@ -77,9 +77,9 @@ def test_closing_a_stream_frees_its_slot_for_the_next_prompt(make_cache):
     result = cache.generate(prompt(QUESTIONS[1]), max_tokens=4)
     assert len(result.token_ids) == 4
     deadline = time.time() + 10
-    while cache._scheduler.active and time.time() < deadline:
+    while cache.scheduler.active and time.time() < deadline:
         time.sleep(0.01)
-    assert cache._scheduler.active == 0
+    assert cache.scheduler.active == 0
 
 
 def test_loading_a_schema_while_prompts_run(make_cache):
@@ -109,7 +109,7 @@ def test_requests_wait_for_a_free_slot_and_then_run(make_cache):
     streams = [cache.stream(prompt(q), max_tokens=400) for q in QUESTIONS[:4]]
     results = [("".join(s), s.result)[1] for s in streams]
     assert all(r.finish_reason == "length" and len(r.token_ids) == 400 for r in results)
-    assert cache._scheduler.stats.max_batch == 2
+    assert cache.scheduler.stats.max_batch == 2
 
 
 def events_while_loading(cache, schema_pml: str, counts) -> list:
@@ -157,14 +157,14 @@ def test_give_way_lets_running_prompts_finish_not_just_take_one_step(make_cache)
     thread = threading.Thread(target=lambda: results.append(cache.generate(prompt(QUESTIONS[0]), max_tokens=300)))
     thread.start()
     deadline = time.monotonic() + 30
-    while not cache._scheduler.active and time.monotonic() < deadline:
+    while not cache.scheduler.active and time.monotonic() < deadline:
         time.sleep(0.001)
-    with cache._lock:  # taken between two of its steps
-        assert cache._scheduler.active and not results
+    with cache.lock:  # taken between two of its steps
+        assert cache.scheduler.active and not results
         started = time.monotonic()
-        cache._scheduler.give_way(30.0)
+        cache.scheduler.give_way(30.0)
         waited = time.monotonic() - started
-        assert not cache._scheduler.active  # it ran to its end while we gave way...
+        assert not cache.scheduler.active  # it ran to its end while we gave way...
         thread.join(timeout=10)  # ...so its caller needs no more turns (a live request would hang here)
         assert results and len(results[0].token_ids) == 300
     assert waited < 30
