@@ -380,7 +380,7 @@ def relocation(model, threads, quick, as_json, count, timing_only):
     _emit(result, dc.markdown("relocation", result), as_json)
 
 
-@documents.command()
+@documents.command("accuracy")
 @click.option("--model", "models", multiple=True, metavar="NAME|PATH",
               help="A model name (see `pc-cpu models`) or a GGUF file; repeatable (default: $PC_CPU_MODEL, "
                    "else smollm2-135m).")
@@ -406,7 +406,7 @@ def relocation(model, threads, quick, as_json, count, timing_only):
                    "replacing this bench's section.")
 @quick_option
 @json_option
-def accuracy(models, threads, policies, orders, task, split, count, docs, max_tokens, out, summaries, results,
+def documents_accuracy(models, threads, policies, orders, task, split, count, docs, max_tokens, out, summaries, results,
              quick, as_json):
     """Documents against the full prefill: `ask` variants paired with use_cache=False, accuracy and TTFT.
 

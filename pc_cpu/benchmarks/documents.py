@@ -325,7 +325,7 @@ def seq_add_assemble(pc, pieces) -> None:
 
 def placed_blobs(pc, prompt) -> list[bytes]:
     """Returns the preamble's cells and each document computed after the preamble at the position the prompt gives it."""
-    work, seq = pc.prompts, pc.prompts.n_seq_max - 1
+    work, seq = pc.prompts, pc.roles.adder  # the stream add_document computes in: free while nothing is added
     preamble, _ = pc.documents.encoder.preamble_blob(prompt.preamble)
     blobs = [preamble]
     for doc in prompt.documents:

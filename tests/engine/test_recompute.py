@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.pml.plan import CopyCells
-from tests.conftest import batched_prefill_logits, cell_positions, prefill_logits
+from tests.conftest import batched_prefill_logits, cell_positions
 from tests.engine.test_assembly import PROMPTS, SCHEMA
 
 DOCS = ('<schema name="d"><module name="a">The keeper wrote the weather in a book every evening.</module>'

@@ -89,7 +89,6 @@ def test_partial_import_uses_the_members_own_cells(make_cache):
     assert sources(plan)["b"] == {None}
     assert plan.encoding_of("b") == "b"
     cache.prefill(plan, use_cache=True)
-    probe = cache.ctx.n_seq_max - 1
     assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
     logits = cache.prompts.logits()
     cache.prompts.seq_rm(PROMPT_SEQ)
@@ -106,8 +105,7 @@ def test_scaffold_cells_are_kept_apart_from_the_members(make_cache):
     joint = cache.modules.sequence_of(cache.layout("s"), scaffold_key("both"))
     assert own is not None and joint is not None and own != joint
     a, b = layout.modules["a"], layout.modules["b"]
-    probe = cache.ctx.n_seq_max - 1
-    assert cell_positions(cache.ctx, joint, layout.length, probe) == list(range(a.start, b.end))
+    assert cell_positions(cache.ctx, joint, layout.length, cache.roles.hold) == list(range(a.start, b.end))
     assert cache.resident_cells == layout.cached_cells + (b.end - a.start)
 
 
