@@ -145,12 +145,44 @@ policies_option = click.option(
     help=f"Recompute policy to measure (repeatable; default: {' '.join(DEFAULT_POLICIES)}; forms: pc-cpu run --help).")
 
 
-@bench.group()
+class _RecomputeGroup(click.Group):
+    """The `recompute` group; a command line of the single command it replaced (options, no subcommand) still works.
+
+    Earlier issues and bench/RESULTS.md wrote `pc-cpu bench recompute --n 200 ...` (now `run`) and
+    `pc-cpu bench recompute --summary A --versus B` (now `summarize A --versus B`).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in ("--help", "-h"):
+            args = legacy_recompute_args(args)
+        return super().parse_args(ctx, args)
+
+
+def legacy_recompute_args(args: list[str]) -> list[str]:
+    """Returns the subcommand line an old `bench recompute` command line means: `summarize` with --summary, else `run`."""
+    files, rest = [], []
+    it = iter(args)
+    for arg in it:
+        if arg == "--summary":
+            files.append(next(it, ""))
+        elif arg.startswith("--summary="):
+            files.append(arg.partition("=")[2])
+        else:
+            rest.append(arg)
+    return ["summarize", *files, *rest] if files else ["run", *rest]
+
+
+@bench.group(cls=_RecomputeGroup)
 def recompute() -> None:
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
     `run` answers the questions and summarizes its answers; `summarize` and `compare` read answer files.
     """
+
+
+versus_option = click.option(
+    "--versus", "versus_files", type=click.Path(exists=True, dir_okay=False), multiple=True,
+    help="Answers of another run on the same questions (repeatable): adds each policy's paired difference to it.")
 
 
 @recompute.command("run")
@@ -181,8 +213,9 @@ def recompute() -> None:
               help="How modules are encoded (pc_cpu.pml.encoding; default preamble). Repeat it to answer "
                    "each item in every mode from one full prefill; --out then gets the mode before its "
                    "extension (a_chain.jsonl).")
+@versus_option
 def recompute_run(model, threads, quick, as_json, count, task, docs, policies, start, stop, out, plain, ttft_tokens,
-                  plot, gap, encodings):
+                  plot, gap, encodings, versus_files):
     """Answer questions under each policy and by the full prefill, paired; print the summary of the answers.
 
     Example: pc-cpu bench recompute run --n 200 --docs 5 --policy 0 --policy 20% --policy select:20% --out a.jsonl
@@ -204,7 +237,7 @@ def recompute_run(model, threads, quick, as_json, count, task, docs, policies, s
     items = evaldata.run_items(task, docs, count)[start:stop]
     runs = _recompute_runs(model, threads, encodings, items, chosen, spec, max_tokens, gap, out, as_json,
                            ttft_tokens, quick)
-    reports = {mode: _recompute_report(answers, chosen, ttft, _path_for(plot, mode, encodings), mode)
+    reports = {mode: _recompute_report(answers, chosen, ttft, _path_for(plot, mode, encodings), mode, versus_files)
                for mode, (answers, ttft) in runs.items()}
     if len(reports) == 1:
         text, data = reports[encodings[0]]
@@ -230,8 +263,9 @@ def recompute_run(model, threads, quick, as_json, count, task, docs, policies, s
                    "position: NQ items are drawn again (same seed) to find it.")
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="See --task.")
 @click.option("--n", "count", type=click.IntRange(0), default=200, show_default=True, help="See --task.")
+@versus_option
 @json_option
-def recompute_summarize(answer_files, policies, ttft_json, plot, encoding, task, docs, count, as_json):
+def recompute_summarize(answer_files, policies, ttft_json, plot, encoding, task, docs, count, versus_files, as_json):
     """Summarize answer files of `run` (several runs' files together): one row per policy, paired.
 
     A question answered twice (by two runs) counts once.
@@ -246,7 +280,8 @@ def recompute_summarize(answer_files, policies, ttft_json, plot, encoding, task,
         items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)
         answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
     ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
-    text, data = _recompute_report(answers, list(policies) or rc.policies_in(answers), ttft, plot, encoding)
+    text, data = _recompute_report(answers, list(policies) or rc.policies_in(answers), ttft, plot, encoding,
+                                   versus_files)
     _emit(data, text, as_json)
 
 
@@ -280,8 +315,10 @@ def _check_policies(policies) -> None:
         parse_policy(policy)
 
 
-def _recompute_report(answers, policies, ttft: dict | None, plot: str | None, encoding: str) -> tuple[str, dict]:
-    """Returns the Markdown and the data of a summary of answers: rows per policy, by gold position, TTFT.
+def _recompute_report(answers, policies, ttft: dict | None, plot: str | None, encoding: str,
+                      versus_files=()) -> tuple[str, dict]:
+    """Returns the Markdown and the data of a summary of answers: rows per policy, by gold position, TTFT,
+    and the paired difference to the answers of `versus_files` when given.
 
     Writes the Pareto plot to `plot` when given and there is a TTFT result to plot against.
     """
@@ -295,7 +332,11 @@ def _recompute_report(answers, policies, ttft: dict | None, plot: str | None, en
         answers, policies) if rows else ""
     if ttft:
         text += ("\n\n" if text else "") + rc.ttft_markdown(ttft)
-    return text, {"rows": rows, "ttft": ttft}
+    data = {"rows": rows, "ttft": ttft}
+    if versus_files:
+        data["versus"] = rc.versus(answers, rc.read_answers(versus_files), policies)
+        text += "\n\nAgainst the other run (--versus), paired by question:\n\n" + rc.versus_markdown(data["versus"])
+    return text, data
 
 
 def _recompute_runs(model, threads, encodings, items, policies, spec, max_tokens, gap, out, as_json, ttft_tokens,

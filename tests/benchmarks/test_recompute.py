@@ -171,6 +171,31 @@ def test_compare_gives_each_policys_paired_difference_to_the_other_run(tmp_path)
     assert missing.exit_code != 0 and "--versus" in missing.output
 
 
+def test_an_old_command_line_still_means_run_or_summarize():
+    from pc_cpu.benchmarks.command import legacy_recompute_args
+
+    assert legacy_recompute_args(["--n", "200", "--policy", "0", "--out", "a.jsonl"]) == \
+        ["run", "--n", "200", "--policy", "0", "--out", "a.jsonl"]
+    assert legacy_recompute_args(["--summary", "a.jsonl", "--summary=b.jsonl", "--versus", "c.jsonl", "--json"]) == \
+        ["summarize", "a.jsonl", "b.jsonl", "--versus", "c.jsonl", "--json"]
+
+
+def test_an_old_summary_with_versus_gives_the_summary_and_the_paired_difference(tmp_path):
+    from click.testing import CliRunner
+
+    from pc_cpu.benchmarks.command import bench
+
+    mine = _write(tmp_path / "chain.jsonl", _answers("baseline", [True, False, True]) + _answers("0", [True, True, False]))
+    other = _write(tmp_path / "preamble.jsonl",
+                   _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1))
+
+    result = CliRunner().invoke(bench, ["recompute", "--summary", mine, "--versus", other])
+
+    assert result.exit_code == 0, result.output
+    assert "| 0 | 3 |" in result.output  # the summary's row of policy 0 over its 3 questions
+    assert "| baseline | 3 | +33.3" in result.output and "| 0 | 2 | +50.0" in result.output  # and the difference
+
+
 def test_a_gap_declares_the_next_items_passages_before_the_imported_ones_and_leaves_them_out(make_cache):
     from pc_cpu.benchmarks.accuracy import nq_task
     from pc_cpu.benchmarks.evaldata import DocItem, Passage
