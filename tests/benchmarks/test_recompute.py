@@ -154,14 +154,20 @@ def test_summarize_reads_several_runs_files_with_no_model(tmp_path):
     assert "| 0 | 2 | 50.0%" in text and "Exact matches by gold position" in text
 
 
+def _two_runs(tmp_path) -> tuple[str, str]:
+    """Returns answer files of two runs on the same questions: baseline +33.3 and policy 0 +50.0 points apart."""
+    mine = _write(tmp_path / "chain.jsonl", _answers("baseline", [True, False, True]) + _answers("0", [True, True, False]))
+    other = _write(tmp_path / "preamble.jsonl",
+                   _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1))
+    return mine, other
+
+
 def test_compare_gives_each_policys_paired_difference_to_the_other_run(tmp_path):
     from click.testing import CliRunner
 
     from pc_cpu.benchmarks.command import bench
 
-    mine = _write(tmp_path / "chain.jsonl", _answers("baseline", [True, False, True]) + _answers("0", [True, True, False]))
-    other = _write(tmp_path / "preamble.jsonl",
-                   _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1))
+    mine, other = _two_runs(tmp_path)
 
     result = CliRunner().invoke(bench, ["recompute", "compare", mine, "--versus", other])
 
@@ -185,9 +191,7 @@ def test_an_old_summary_with_versus_gives_the_summary_and_the_paired_difference(
 
     from pc_cpu.benchmarks.command import bench
 
-    mine = _write(tmp_path / "chain.jsonl", _answers("baseline", [True, False, True]) + _answers("0", [True, True, False]))
-    other = _write(tmp_path / "preamble.jsonl",
-                   _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1))
+    mine, other = _two_runs(tmp_path)
 
     result = CliRunner().invoke(bench, ["recompute", "--summary", mine, "--versus", other])
 
