@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from pc_cpu import PromptCache
-from pc_cpu.benchmarks.latency import drop_page_cache
+from pc_cpu.benchmarks.latency import drop_page_cache, open_cache
 from pc_cpu.demo import DOCS
 
 SETTINGS = ("resident", "ram", "disk", "full_prefill")
@@ -83,7 +83,8 @@ def main() -> None:
 
     store_dir = Path(tempfile.mkdtemp(prefix="pc_cpu_bench_store_"))
     # Cells for the resident modules plus a full-prefill baseline of the same tokens.
-    pc = PromptCache(args.model, threads=args.threads, n_ctx=2 * args.tokens + 2048, store=store_dir)
+    # (at most the model's training context: PromptCache refuses more, and each prompt has a stream of its own)
+    pc = open_cache(args.model, args.threads, 2 * args.tokens + 2048, store=store_dir)
     schema, prompt = schema_and_prompt(document_modules(pc, args.tokens), plain=args.plain)
     t0 = time.perf_counter()
     pc.load_schema(schema)

@@ -21,7 +21,7 @@ from pc_cpu.pml.schema import parse_schema
 Progress = Callable[[int], None]
 
 
-def _open(model, threads: int, n_ctx: int, **options):
+def open_cache(model, threads: int, n_ctx: int, **options):
     """Returns a PromptCache of n_ctx cells, or of the model's training context when that is smaller.
 
     These benches size n_ctx for cells (resident modules beside a prompt), not for positions: each
@@ -83,7 +83,7 @@ def tiers(model, threads: int, workload: workloads.Workload, *, repeats: int, n_
     One cache (one context, one disk store in a temp dir); per repeat the four settings alternate.
     """
     out: dict = {"workload": workload.name}
-    with tempfile.TemporaryDirectory(prefix="pc_cpu_bench_") as tmp, _open(model, threads, n_ctx, store=tmp) as pc:
+    with tempfile.TemporaryDirectory(prefix="pc_cpu_bench_") as tmp, open_cache(model, threads, n_ctx, store=tmp) as pc:
         store_dir = Path(tmp)
         t0 = time.perf_counter()
         pc.load_schema(workload.schema)
@@ -121,7 +121,7 @@ def length_sweep(model, threads: int, lengths, *, repeats: int, progress: Progre
     """Returns baseline and cached TTFT p50 per cached length, with quadratic and linear fits."""
     points = []
     for length in lengths:
-        with _open(model, threads, 2 * length + 1024, store=False) as pc:
+        with open_cache(model, threads, 2 * length + 1024, store=False) as pc:
             w = workloads.multidoc(lambda t: pc.model.tokenize(t, special=False), length)
             pc.load_schema(w.schema)
             base, cached = _alternating(pc, w.prompt, repeats)
@@ -146,7 +146,7 @@ def hit_ratio_curve(model, threads: int, total_tokens: int, fractions, *, repeat
                     progress: Progress | None = None) -> dict:
     """Returns TTFT p50 of baseline and cached at a fixed prompt length for each fraction of cached tokens."""
     points = []
-    with _open(model, threads, 2 * total_tokens + 1024, store=False) as pc:
+    with open_cache(model, threads, 2 * total_tokens + 1024, store=False) as pc:
         tokenize = lambda t: pc.model.tokenize(t, special=False)  # noqa: E731
         for i, fraction in enumerate(fractions):
             w = workloads.hit_ratio(tokenize, total_tokens, fraction, name=f"hit{i}")
