@@ -156,9 +156,13 @@ def test_summarize_reads_several_runs_files_with_no_model(tmp_path):
 
 def _two_runs(tmp_path) -> tuple[str, str]:
     """Returns answer files of two runs on the same questions: baseline +33.3 and policy 0 +50.0 points apart."""
-    mine = _write(tmp_path / "chain.jsonl", _answers("baseline", [True, False, True]) + _answers("0", [True, True, False]))
-    other = _write(tmp_path / "preamble.jsonl",
-                   _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1))
+    def known_gold(answers):  # as a run writes them: summarize then needs no evaluation data to find it
+        return [replace(a, gold_index=a.index) for a in answers]
+
+    mine = _write(tmp_path / "chain.jsonl",
+                  known_gold(_answers("baseline", [True, False, True]) + _answers("0", [True, True, False])))
+    other = _write(tmp_path / "preamble.jsonl", known_gold(
+        _answers("baseline", [True, False, False]) + _answers("0", [False, False, False], start=1)))
     return mine, other
 
 
