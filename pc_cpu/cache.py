@@ -343,9 +343,10 @@ class PromptCache:
         recompute, order = self._document_setting(setting, options.recompute, order)
         sampling = _sampling(options)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
-        with self._lock:
-            work = self.documents.work(question, documents, system=system, order=order, policy=policy,
-                                       use_cache=options.use_cache)
+        with self._lock:  # as every library read of the façade; tokenizing needs no lock and waits for no step
+            docs = self.documents.resolve(documents)
+        work = self.documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
+                                   use_cache=options.use_cache)
         return self._submit(work, sampling, options, t0)
 
     def _document_setting(self, setting: str | None, recompute, order: str | None) -> tuple:

@@ -72,12 +72,6 @@ class Documents:
         """Returns how many preambles and documents this owner computed (a warm store keeps it at 0)."""
         return self.encoder.encoded + self.adder.encoded
 
-    @property
-    def tokens_kept(self) -> int:
-        """Returns how many documents' tokens are kept for the next question (at most TOKENS_KEPT)."""
-        with self._tokens_lock:
-            return len(self._tokens)
-
     def check_supported(self) -> None:
         """Raises DocumentError when this model's cells cannot be moved, so documents cannot be placed."""
         self.encoder.check_supported()
@@ -114,15 +108,21 @@ class Documents:
                                                          self.model.info.n_ctx_train))
         return prompt
 
-    def work(self, question: str, documents: Sequence[str], *, system: str | None, order: str,
-             policy: RecomputePolicy, use_cache: bool) -> DocumentWork:
-        """Returns the question over the library's `documents` (ids or names) as the scheduler runs it."""
+    def resolve(self, documents: Sequence[str]) -> list[Document]:
+        """Returns the library's documents of these ids or names, in the order given."""
         if isinstance(documents, str):
             raise DocumentError("documents must be a list of ids or names, not one string; e.g. documents=[id]")
+        return [self.library.resolve(d) for d in documents]
+
+    def work(self, question: str, docs: Sequence[Document], *, names: Sequence[str], system: str | None, order: str,
+             policy: RecomputePolicy, use_cache: bool) -> DocumentWork:
+        """Returns the question over `docs` (from `resolve`; `names` as the caller gave them) as the scheduler runs it.
+
+        Only tokenizes the question (the documents' tokens are kept): it needs no context lock.
+        """
         if use_cache:
             self.check_supported()
-        docs = [self.library.resolve(d) for d in documents]
-        prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(documents), order=order)
+        prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(names), order=order)
         if use_cache:
             prompt = with_recompute(prompt, policy)
         return DocumentWork(prompt, self.encoder, use_cache)

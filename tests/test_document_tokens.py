@@ -25,8 +25,13 @@ def test_the_kept_tokens_are_bounded_and_still_right(make_cache, monkeypatch):
     cache = make_cache(store=False)
     texts = [PARIS, FUJI, "A third document.", "A fourth one."]
     expected = [cache.document_tokens(t) for t in texts]
-    assert cache.documents.tokens_kept == 2
+    seen = []
+    tokenize = cache.model.tokenize
+    monkeypatch.setattr(cache.model, "tokenize", lambda text, **kw: seen.append(text) or tokenize(text, **kw))
+    cache.document_tokens(texts[-1])
+    assert texts[-1] not in seen  # the last two are kept...
     assert [cache.document_tokens(t) for t in texts] == expected  # evicted ones are tokenized again, the same
+    assert PARIS in seen and FUJI in seen  # ...and no more than two: the first two had been dropped
 
 
 def test_the_least_recently_used_tokens_are_the_ones_dropped(make_cache, monkeypatch):
