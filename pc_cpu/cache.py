@@ -42,7 +42,7 @@ from pc_cpu.errors import ContextBeyondTrainingError, PromptCacheError
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
-from pc_cpu.pml.documents import DocumentPrompt, check_document_policy
+from pc_cpu.pml.documents import DocumentPrompt, check_document_policy, check_prefix
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.layout import Layout
 from pc_cpu.pml.plan import Plan, build_plan
@@ -171,8 +171,9 @@ class PromptCache:
     def evict(self, schema: str | None = None) -> int:
         """Frees the KV cells of encoded modules (of one schema when given); returns the library cells freed.
 
-        The prompt streams idle slots keep for reuse are emptied too. The modules stay in the RAM
-        and disk tiers: the next prompt restores them instead of encoding.
+        The prompt streams idle slots keep for reuse are emptied too (an exact prefix being computed
+        in the background starts again later). The modules stay in the RAM and disk tiers: the next
+        prompt restores them instead of encoding.
         """
         with self._lock:
             self._scheduler.drop_held()  # the free prompt slots' streams, kept for reuse
@@ -311,7 +312,8 @@ class PromptCache:
         return self.documents.library
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
-            system: str | None = None, order: str | None = None, setting: str | None = None, **overrides) -> Result:
+            system: str | None = None, order: str | None = None, setting: str | None = None,
+            prefix: str = "background", **overrides) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
@@ -327,26 +329,34 @@ class PromptCache:
         the baseline uses the same order.
         setting: "fast" or "accurate", a recompute policy and order measured on this model, by name
         (pc_cpu.document_settings, which also says what each loses); instead of recompute and order.
+        prefix: when the exact prefix (the system message and documents in this order, computed
+        together as the baseline computes them) is computed; a question whose exact prefix is
+        stored restores it, computes only the question, and answers as the baseline does:
+        "background" (the default): a new combination answers from documents encoded apart, and
+        its exact prefix is computed once nothing else runs (`wait_idle`), for the next question;
+        "first": the first question computes it (as slow as the baseline), the next ones reuse it;
+        "off": never (every question is assembled from documents encoded apart).
         """
         stream = self.stream_ask(question, GenerationOptions.of(options, overrides, method="ask"),
-                                 documents=documents, system=system, order=order, setting=setting)
+                                 documents=documents, system=system, order=order, setting=setting, prefix=prefix)
         for _ in stream:
             pass
         return stream.result
 
     def stream_ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
                    system: str | None = None, order: str | None = None, setting: str | None = None,
-                   **overrides) -> "Stream":
+                   prefix: str = "background", **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream_ask")
         recompute, order = self._document_setting(setting, options.recompute, order)
         sampling = _sampling(options)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
+        check_prefix(prefix)  # likewise
         with self._lock:  # as every library read of the façade; tokenizing needs no lock and waits for no step
             docs = self.documents.resolve(documents)
         work = self.documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
-                                   use_cache=options.use_cache)
+                                   use_cache=options.use_cache, prefix=prefix)
         return self._submit(work, sampling, options, t0)
 
     def _document_setting(self, setting: str | None, recompute, order: str | None) -> tuple:
@@ -383,6 +393,14 @@ class PromptCache:
     def document_tokens(self, text: str) -> tuple[int, ...]:
         """Returns the tokens a document's text contributes to a prompt, tokenized once per text."""
         return self.documents.tokens(text)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Returns True once no prompt waits or runs and no background work is left; False if `timeout` seconds pass first.
+
+        Background work: the exact prefixes `ask(..., prefix="background")` computes after a
+        question (see `ask`). Tests and benchmarks wait here before a question that should reuse one.
+        """
+        return self._scheduler.wait_idle(timeout)
 
     @property
     def documents_encoded(self) -> int:

@@ -17,7 +17,7 @@ from pc_cpu import crash_guard
 from pc_cpu.document_settings import SETTINGS, advice
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.encoding import ENCODING_MODES
-from pc_cpu.pml.documents import NO_TEXT, ORDERS, check_document_policy, check_question, has_text
+from pc_cpu.pml.documents import NO_TEXT, ORDERS, PREFIXES, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
@@ -164,6 +164,11 @@ def _report(result, as_json: bool, what: str) -> None:
 @click.option("--setting", type=click.Choice(SETTINGS), default=None,
               help="A recompute policy and order measured on this model, by name: fast (the default) or accurate "
                    "(fewer points lost, slower); instead of --recompute and --order.")
+@click.option("--prefix", type=click.Choice(PREFIXES), default="background", show_default=True,
+              help="When the exact prefix (the system message and these files in this order, computed together as "
+                   "--no-cache computes them) is computed and stored: background answers from the files encoded "
+                   "apart, then computes it before exiting; first computes it before answering; off never. A run "
+                   "that finds it stored answers as --no-cache does, computing only the question.")
 @ctx_option
 @threads_option
 @store_option
@@ -171,7 +176,7 @@ def _report(result, as_json: bool, what: str) -> None:
 @json_option
 @verbose_option
 def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, order,
-        setting, n_ctx, threads, store_dir, no_store, as_json, verbose):
+        setting, prefix, n_ctx, threads, store_dir, no_store, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -196,17 +201,19 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
         ids, served = _add_documents(pc, files, system)
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                               use_cache=not no_cache, recompute=recompute, order=order, setting=setting)
+                               use_cache=not no_cache, recompute=recompute, order=order, setting=setting,
+                               prefix=prefix)
         if not no_cache and setting is None and recompute is None and (hint := advice(pc.model.path.name)):
             click.echo(f"note: {hint}; --setting accurate chooses it, --no-cache is the full prefill", err=True)
         for piece in stream:
             if not as_json:
                 click.echo(piece, nl=False)
         result = stream.result
-    # The documents were found or encoded when added, before the question: report those tiers (the
-    # question itself then finds them all in RAM, where adding put them).
-    tiers = {key: served.get(key, tier) for key, tier in result.tiers.items()}
-    _report(dataclasses.replace(result, tiers=tiers), as_json, "encodings")
+        # The documents were found or encoded when added, before the question: report those tiers (the
+        # question itself then finds them all in RAM, where adding put them).
+        tiers = {key: served.get(key, tier) for key, tier in result.tiers.items()}
+        _report(dataclasses.replace(result, tiers=tiers), as_json, "encodings")
+        pc.wait_idle()  # "background": the exact prefix, stored for the next run over these files, once answered
 
 
 def _read_document(value: str) -> str:
@@ -327,7 +334,8 @@ def demo(model, threads, as_json, verbose):
         except (DocumentError, ContextOverflowError) as exc:
             click.echo(f"(long-document case skipped: {exc})", err=True)
         else:
-            cached = pc.ask(LONG_QUESTION, documents=[handbook], max_tokens=48)
+            # prefix="off": no exact prefix computed behind the baseline's back (it would wait for a batch of it)
+            cached = pc.ask(LONG_QUESTION, documents=[handbook], max_tokens=48, prefix="off")
             baseline = pc.ask(LONG_QUESTION, documents=[handbook], max_tokens=48, use_cache=False)
             _show_demo(LONG_QUESTION, f"long document: {cached.prompt_tokens} prompt tokens, "
                        f"{cached.cached_tokens} cached", cached, baseline, as_json)

@@ -23,8 +23,9 @@ from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
 from pc_cpu.kvstate.rope import RopeParams
-from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_question, document_id, document_tokens, has_text,
-                                  layout_documents, order_documents, preamble_tokens, tail_tokens, with_recompute)
+from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_prefix, check_question, document_id, document_tokens,
+                                  has_text, layout_documents, order_documents, preamble_tokens, tail_tokens,
+                                  with_recompute)
 from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
@@ -115,17 +116,18 @@ class Documents:
         return [self.library.resolve(d) for d in documents]
 
     def work(self, question: str, docs: Sequence[Document], *, names: Sequence[str], system: str | None, order: str,
-             policy: RecomputePolicy, use_cache: bool) -> DocumentWork:
+             policy: RecomputePolicy, use_cache: bool, prefix: str = "off") -> DocumentWork:
         """Returns the question over `docs` (from `resolve`; `names` as the caller gave them) as the scheduler runs it.
 
         Only tokenizes the question (the documents' tokens are kept): it needs no context lock.
+        `prefix`: when the exact prefix is computed and used (pc_cpu.pml.documents.PREFIXES).
         """
         if use_cache:
             self.check_supported()
         prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(names), order=order)
         if use_cache:
             prompt = with_recompute(prompt, policy)
-        return DocumentWork(prompt, self.encoder, use_cache)
+        return DocumentWork(prompt, self.encoder, use_cache, check_prefix(prefix))
 
     # --- adding and removing ------------------------------------------------------
 

@@ -278,8 +278,10 @@ def doc_files(tmp_path):
     return [str(tmp_path / name) for name in files]
 
 
-def ask_args(model, store, *docs, question="What floats?"):
-    args = ["ask", question, "--model", str(model), "--max-tokens", "4", "--store", str(store)]
+def ask_args(model, store, *docs, question="What floats?", prefix="off"):
+    """Returns the arguments of `pc-cpu ask` (prefix: "off" unless told, so a run never meets the exact
+    prefix an earlier run stored)."""
+    args = ["ask", question, "--model", str(model), "--max-tokens", "4", "--store", str(store), "--prefix", prefix]
     for doc in docs:
         args += ["--doc", doc]
     return args
@@ -526,3 +528,25 @@ def test_demo_without_room_for_the_long_document_skips_it_and_heads_with_a_short
     code, out, err = run_main(["demo", "--model", str(tiny_model_path), "--threads", "2"], capsys)  # a 4K context
     assert code == 0 and "(long-document case skipped: document pc-cpu demo handbook has" in err
     assert out.splitlines()[-1].startswith("The railway document: ")
+
+
+def test_ask_prefix_stores_the_exact_prefix_and_a_later_run_answers_as_no_cache(tiny_model_path, doc_files, tmp_path,
+                                                                                 capsys):
+    store = tmp_path / "store"
+
+    def ask(*extra, prefix="background"):
+        code, out, err = run_main(ask_args(tiny_model_path, store, *doc_files, question=RAILS, prefix=prefix)
+                                  + ["--json", *extra], capsys)
+        assert code == 0, err
+        return json.loads(out)
+
+    baseline = ask("--no-cache")
+    # Here the documents encoded apart answer otherwise, so the equality below says something.
+    assert ask(prefix="off")["token_ids"] != baseline["token_ids"]
+    ask()  # answers from the documents encoded apart, then stores the exact prefix before exiting
+    exact = ask()
+    assert exact["token_ids"] == baseline["token_ids"]
+    system = ("--system", "Be brief.")  # another prefix: "first" computes it before answering
+    assert ask(*system, prefix="first")["token_ids"] == ask(*system, "--no-cache")["token_ids"]
+    code, _, err = run_main(ask_args(tiny_model_path, store, *doc_files, prefix="always"), capsys)
+    assert code == 2 and "'always' is not one of 'background', 'first', 'off'" in err

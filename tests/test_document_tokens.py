@@ -11,11 +11,11 @@ FUJI = "Mount Fuji is the highest mountain in Japan, 3,776 metres above the sea.
 def test_a_question_does_not_tokenize_its_documents_again(make_cache, monkeypatch):
     cache = make_cache(store=False)
     ids = [cache.add_document(text) for text in (PARIS, FUJI)]
-    first = cache.ask("How tall?", documents=ids, max_tokens=2)
+    first = cache.ask("How tall?", documents=ids, max_tokens=2, prefix="off")
     seen = []
     tokenize = cache.model.tokenize
     monkeypatch.setattr(cache.model, "tokenize", lambda text, **kw: seen.append(text) or tokenize(text, **kw))
-    second = cache.ask("How tall?", documents=ids, max_tokens=2)
+    second = cache.ask("How tall?", documents=ids, max_tokens=2, prefix="off")
     assert PARIS not in seen and FUJI not in seen and seen  # the question and its markup still are
     assert second.token_ids == first.token_ids and second.prompt_tokens == first.prompt_tokens
 

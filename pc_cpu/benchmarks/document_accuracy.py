@@ -11,6 +11,12 @@ baseline (`use_cache=False`, a full prefill of the same tokens) per order, and o
 JSON-lines file, one record per answer, so a run can stop and resume (`--out` again) and be
 summarized later (`--summary`).
 
+A cached variant asks with `prefix="off"`: it measures the documents encoded apart, never an exact
+prefix an earlier variant left in the store. The variant `exact` measures a question asked again
+over the same documents in the same order: the item's question is asked once unrecorded with
+`prefix="first"` (it computes and stores the exact prefix), then again, recorded, as a user would
+(`prefix="background"`); that answer restores the exact prefix and computes only the question.
+
 Tuning uses the even lines of the data files, reporting the odd ones (issue 28): `--split`.
 
 Between answers the resident cells are dropped (`PromptCache.evict`), so every cached answer
@@ -33,6 +39,7 @@ from pc_cpu.benchmarks.evaldata import DocItem, KVItem, doc_items, kv_items, loa
 from pc_cpu.benchmarks.intervals import discordant, paired_difference
 from pc_cpu.benchmarks.prompts import KV_SYSTEM
 FULL = "full prefill"  # the policy field of a baseline record
+EXACT = "exact"  # the policy field of a question asked again, answered from the exact prefix (module docstring)
 SPLITS = ("odd", "even", "all")
 TASKS = ("nq", "kv")
 GOAL_PTS = 2.5  # issue 28: within 2.5 points of the full prefill
@@ -120,7 +127,8 @@ def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda
             with tempfile.TemporaryDirectory(prefix="pc_cpu_acc_") as store, \
                     PromptCache(model, threads=job.threads, store=store) as pc:
                 name = model or pc.model.path.name
-                pc.ask("warm up", documents=[], system=items[0].system if items else None, max_tokens=1)
+                pc.ask("warm up", documents=[], system=items[0].system if items else None, max_tokens=1,
+                       prefix="off")
                 for item in items:
                     for record in _answer(pc, name, item, job, done):
                         records.append(record)
@@ -140,9 +148,13 @@ def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple]) 
     try:
         for order, policy in wanted:
             pc.evict()  # restore from the RAM tier; never reuse the stream another variant left
-            baseline = policy == FULL
-            result = pc.ask(item.question, documents=ids, system=item.system, max_tokens=job.answer_tokens,
-                            use_cache=not baseline, recompute=None if baseline else policy, order=order)
+            if policy == EXACT:
+                result = _asked_again(pc, item, ids, order, job.answer_tokens)
+            else:
+                baseline = policy == FULL
+                result = pc.ask(item.question, documents=ids, system=item.system, max_tokens=job.answer_tokens,
+                                use_cache=not baseline, recompute=None if baseline else policy, order=order,
+                                prefix="off")
             yield {"model": model, "task": job.task, "index": item.index, "gold_index": item.gold_index,
                    "order": order, "policy": policy, "correct": correct(result.text, item.answers),
                    "text": result.text, "ttft_ms": result.ttft_ms, "uncached_tokens": result.uncached_tokens,
@@ -150,6 +162,19 @@ def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple]) 
     finally:
         for doc_id in dict.fromkeys(ids):  # a library of one item at a time: the store stays small
             pc.remove_document(doc_id)
+
+
+def _asked_again(pc, item: Question, ids: list[str], order: str, max_tokens: int):
+    """Returns the Result of the item's question asked a second time: from the exact prefix the first left.
+
+    The first asking, unrecorded, computes the exact prefix ("first"); its slot keeps it, so the
+    second computes only the question, as a user asking again over the same documents does. The
+    same question both times: "relevant-first" and "relevant-last" order the documents by it.
+    """
+    pc.ask(item.question, documents=ids, system=item.system, max_tokens=1, order=order, prefix="first")
+    pc.wait_idle()
+    return pc.ask(item.question, documents=ids, system=item.system, max_tokens=max_tokens, order=order,
+                  prefix="background")
 
 
 @dataclass(frozen=True)

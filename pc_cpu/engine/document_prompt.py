@@ -3,6 +3,14 @@
 prepare() finds or computes the preamble's and each document's cells (pc_cpu.engine.documents)
 and keeps them until prefill() moves them into the prompt's stream; the question is
 computed there. The baseline (use_cache=False) is a full prefill of the identical tokens.
+
+Exact when it can be: the prompt's prefix (its preamble and documents, in order) computed
+together from position 0, as the baseline computes it, is stored under its own key. A question
+whose prefix is stored restores it and computes its tail as the baseline does, so it answers as
+the baseline, token for token. `prefix` says when that prefix is computed: "background" (after
+the first question, which answers from documents encoded apart, while the scheduler is idle),
+"first" (by the first question itself), or "off" (never: every question is assembled from
+documents encoded apart). Recomputing every moved document (recompute="all") computes it too.
 """
 
 from __future__ import annotations
@@ -11,13 +19,21 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pc_cpu.engine.documents import DocumentEncoder, Piece
-from pc_cpu.engine.prompt_work import Counts, Head
-from pc_cpu.engine.streams import full_prefill
+from pc_cpu.engine.prompt_work import Counts, Head, IdleTask
 from pc_cpu.pml.documents import DocumentPrompt
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
 PREAMBLE = "#preamble"  # the key of the preamble in a Result's tiers
+
+# How a prompt's exact prefix was had (DocumentWork._exact): restored from a byte tier, found in a
+# free slot's stream, or computed by this prompt.
+STORED, HELD, COMPUTED = "stored", "held", "computed"
+
+
+def exact_head(key: StoreKey, end: int) -> Head:
+    """Returns the Head of a stream holding the exact prefix stored under `key` (`end` tokens)."""
+    return Head(("exact-prefix", key.content), end)
 
 
 @dataclass
@@ -27,7 +43,10 @@ class DocumentWork:
     prompt: DocumentPrompt
     encoder: DocumentEncoder
     use_cache: bool
+    prefix: str = "off"  # pc_cpu.pml.documents.PREFIXES: when the exact prefix is computed and used
     _pieces: list[Piece] | None = None  # prepare's cells, until prefill restores them
+    _exact: str | None = None  # STORED, HELD or COMPUTED once the exact prefix serves this prompt
+    _exact_blob: bytes | None = None  # a STORED prefix's cells, until prefill restores them
 
     def positions(self) -> int:
         return self.prompt.end
@@ -35,6 +54,8 @@ class DocumentWork:
     def prepare(self) -> dict[str, Tier]:
         if not self.use_cache:
             return {}
+        if self._wants_exact:
+            return self._prepare_exact()
         prompt, encoder = self.prompt, self.encoder
         preamble_key, *doc_keys = self._keys
         blob, tier = encoder.preamble_blob(prompt.preamble, preamble_key)
@@ -46,17 +67,54 @@ class DocumentWork:
         self._pieces = pieces
         return tiers
 
+    def _prepare_exact(self) -> dict[str, Tier]:
+        """Returns the tiers of the exact prefix: the one that stored it, else `encoded` (prefill computes it)."""
+        stored = self.encoder.prefix_blob(self._prefix_key, self.prompt.tail_start)
+        if stored is None:  # "first", recompute all, or a "background" prefix lost since head(): computed now
+            self._exact = COMPUTED
+            return self._every_part(Tier.ENCODED)
+        self._exact_blob, tier = stored
+        self._exact = STORED
+        return self._every_part(tier)
+
     def prefill(self, slot: int) -> int:
-        if not self.use_cache:
-            return full_prefill(self.encoder.prompts, self.prompt.tokens, slot)
-        pieces, self._pieces = self._pieces, None  # the bytes are not needed once restored
-        return self.encoder.prefill(self.prompt, pieces, slot)
+        encoder = self.encoder
+        if not self.use_cache:  # the baseline: never reads or writes the store
+            return encoder.compute_prefix(self.prompt, slot)
+        if self._exact == COMPUTED:
+            return encoder.compute_prefix(self.prompt, slot, self._prefix_key)
+        if self._exact == STORED:
+            blob, self._exact_blob = self._exact_blob, None  # the bytes are not needed once restored
+            return encoder.prefill_exact(self.prompt, blob, slot)
+        pieces, self._pieces = self._pieces, None
+        return encoder.prefill(self.prompt, pieces, slot)
 
     def head(self) -> Head | None:
-        if not self.use_cache or self.prompt.recomputed:  # recomputed cells: not what the keys say
+        if not self.use_cache:
+            return None
+        if self._wants_exact:
+            return exact_head(self._prefix_key, self.prompt.tail_start)
+        if self.prompt.recomputed:  # recomputed cells: not what the keys say
             return None
         starts = (0,) + tuple(doc.start for doc in self.prompt.documents)
         return Head(tuple(zip(self._keys, starts)), self.prompt.tail_start)
+
+    @cached_property
+    def _wants_exact(self) -> bool:
+        """Returns whether this prompt uses its exact prefix (found or computed), decided once for head and prepare.
+
+        "background" uses one only when a tier holds it already; "first" always; recomputing every
+        moved document computes no fewer tokens than the prefix, so it computes the prefix too.
+        """
+        if not self.use_cache or self.prefix == "off":
+            return False
+        return self.prefix == "first" or self._recomputes_all or self.encoder.store.contains(self._prefix_key)
+
+    @property
+    def _recomputes_all(self) -> bool:
+        """Returns whether every document after the first is recomputed (the first is exact at its home)."""
+        docs = self.prompt.documents
+        return len(docs) > 1 and self.prompt.recomputed == ((docs[1].start, self.prompt.tail_start),)
 
     @cached_property
     def _keys(self) -> tuple[StoreKey, ...]:
@@ -65,8 +123,18 @@ class DocumentWork:
         return (encoder.preamble_key(prompt.preamble),) + tuple(
             encoder.document_key(prompt.preamble, doc.id, doc.tokens) for doc in prompt.documents)
 
+    @cached_property
+    def _prefix_key(self) -> StoreKey:
+        return self.encoder.prefix_key(self.prompt)
+
+    def _every_part(self, tier: Tier) -> dict[str, Tier]:
+        """Returns Result.tiers saying that `tier` served the preamble and every document."""
+        return {PREAMBLE: tier, **{doc.id: tier for doc in self.prompt.documents}}
+
     def held_tiers(self) -> dict[str, Tier]:
-        return {PREAMBLE: Tier.CONTEXT, **{doc.id: Tier.CONTEXT for doc in self.prompt.documents}}
+        if self._wants_exact:
+            self._exact = HELD
+        return self._every_part(Tier.CONTEXT)
 
     def prefill_tail(self, slot: int) -> int:
         prompts, prompt = self.encoder.prompts, self.prompt
@@ -76,6 +144,30 @@ class DocumentWork:
 
     def counts(self) -> Counts:
         ids = tuple(doc.id for doc in self.prompt.documents)
-        if self.use_cache:
-            return Counts(self.prompt.cached_tokens, len(self.prompt.tail) + self.prompt.recomputed_tokens, ids)
-        return Counts(0, len(self.prompt.tokens), ids)
+        prompt = self.prompt
+        if not self.use_cache or self._exact == COMPUTED:
+            return Counts(0, len(prompt.tokens), ids)
+        if self._exact is not None:
+            return Counts(prompt.tail_start, len(prompt.tail), ids)
+        return Counts(prompt.cached_tokens, len(prompt.tail) + prompt.recomputed_tokens, ids)
+
+    def idle_task(self) -> IdleTask | None:
+        """Returns the computation of the exact prefix, for the next question over it ("background"), or None."""
+        if not self.use_cache or self.prefix != "background" or self._exact is not None:
+            return None
+        key, n, store = self._prefix_key, self.prompt.tail_start, self.encoder.store
+        if store.contains(key):
+            return None
+        documents = self._keys[1:]
+
+        def removed() -> bool:
+            # A document removed since (remove_document drops its encodings) must not come back in a prefix.
+            return not all(store.contains(doc) for doc in documents)
+
+        def save(slot: int) -> Head | None:
+            if removed():
+                return None
+            self.encoder.save_prefix(key, slot, n)
+            return exact_head(key, n)
+
+        return IdleTask(key, self.prompt.tokens[:n], save, skip=lambda: store.contains(key) or removed())

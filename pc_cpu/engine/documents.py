@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
 from pc_cpu.errors import DocumentError, StateBlobError
-from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, preamble_content
+from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
 from pc_cpu.result import Tier
 from pc_cpu.kvstate import ops, parts
-from pc_cpu.store.documents import document_label
+from pc_cpu.store.documents import document_label, prefix_label
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.kvstate.rope import RopeParams
@@ -74,6 +74,11 @@ class DocumentEncoder:
         return StoreKey(self.model_id, document_content(preamble, tokens), DOCUMENT_MODE,
                         label=document_label(doc_id))
 
+    def prefix_key(self, prompt: DocumentPrompt) -> StoreKey:
+        """Returns the key of the prompt's exact prefix: its preamble and documents, in order, computed together."""
+        return StoreKey(self.model_id, prefix_content(prompt.tokens[:prompt.tail_start]), DOCUMENT_MODE,
+                        label=prefix_label(doc.id for doc in prompt.documents))
+
     # --- encodings ------------------------------------------------------------------
 
     def preamble_blob(self, preamble: tuple[int, ...], key: StoreKey | None = None) -> tuple[bytes, Tier]:
@@ -116,6 +121,17 @@ class DocumentEncoder:
             self.prompts.seq_rm(seq)
         return blob, Tier.ENCODED
 
+    def prefix_blob(self, key: StoreKey, n_tokens: int) -> tuple[bytes, Tier] | None:
+        """Returns the stored exact prefix of `n_tokens` cells (positions 0..n-1) and its tier, or None."""
+        return self._stored(key, (0, n_tokens))
+
+    def save_prefix(self, key: StoreKey, slot: int, n_tokens: int) -> bytes:
+        """Returns the cells of stream `slot`, which holds exactly a prefix of `n_tokens`, after storing them under `key`.
+
+        Not counted in `encoded`: a prefix is no preamble or document (a warm store still encodes none).
+        """
+        return self._put(key, slot, n_tokens, (0, n_tokens))
+
     def _stored(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, Tier] | None:
         """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses)."""
         hit = self.store.get(key)
@@ -135,10 +151,15 @@ class DocumentEncoder:
 
     def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
-        # Sequence id 0 whichever workspace computed it (add_document has its own): same tokens, same bytes.
+        blob = self._put(key, seq, n_tokens, positions)
+        self.encoded += 1
+        return blob
+
+    def _put(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
+        """Returns the cells of stream `seq` as a one-stream blob, after writing them to the byte tiers under `key`."""
+        # Sequence id 0 whichever stream computed it (add_document has its own): same tokens, same bytes.
         blob = bytes(ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), 0))
         self.store.put(key, Entry(parts.pack([blob]), n_tokens, positions))
-        self.encoded += 1
         return blob
 
     # --- assembly -------------------------------------------------------------------
@@ -156,8 +177,39 @@ class DocumentEncoder:
             if prompt.recomputed:
                 moved = self._recompute(prompt, moved, slot)
             self.prompts.state_set(slot, ops.restore_blob(moved, self.prompts.n_stream))
+        return self._tail(prompt, slot)
+
+    def prefill_exact(self, prompt: DocumentPrompt, blob: bytes, slot: int) -> int:
+        """Restores the prompt's exact prefix (`blob`, from prefix_blob) into the empty stream `slot`, computes the tail; returns its end.
+
+        One piece at its own positions: nothing is moved, and no recompute policy applies (every
+        cell already is the full prefill's).
+        """
+        self.prompts.seq_rm(slot)
+        self.prompts.state_set(slot, ops.restore_blob([blob], self.prompts.n_stream))
+        return self._tail(prompt, slot)
+
+    def compute_prefix(self, prompt: DocumentPrompt, slot: int, key: StoreKey | None = None) -> int:
+        """Computes the prompt in the empty stream `slot` as a full prefill, prefix then tail; returns its end.
+
+        The prefix (preamble and documents) is decoded from position 0 in n_batch chunks, and the
+        tail in a call of its own: the baseline, a prefix computed by its first question and one
+        computed while the scheduler is idle (in the same chunks) then decode the same batches,
+        and llama.cpp's CPU kernels give bits by batch shape, so a question restoring the stored
+        prefix answers as the baseline does, token for token. `key`: the prefix is stored under it
+        before the tail is computed (None: not stored, the baseline).
+        """
+        n = prompt.tail_start
+        self.prompts.seq_rm(slot)
+        self.prompts.decode(prompt.tokens[:n], range(n), slot, logits_last=False)
+        if key is not None:
+            self.save_prefix(key, slot, n)
+        return self._tail(prompt, slot)
+
+    def _tail(self, prompt: DocumentPrompt, slot: int) -> int:
+        """Computes the prompt's tail after the cells stream `slot` holds; returns its end (the last logits ready)."""
         start = prompt.tail_start
-        self.prompts.decode(prompt.tail, range(start, start + len(prompt.tail)), slot)
+        self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
         return prompt.end
 
     def _assembled(self, pieces: list[Piece]) -> memoryview:

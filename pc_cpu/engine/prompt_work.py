@@ -1,4 +1,4 @@
-"""What the scheduler asks of a prompt (PromptWork), and the typed values it gets back (Counts, Head).
+"""What the scheduler asks of a prompt (PromptWork), and the typed values it gets back (Counts, Head, IdleTask).
 
 Two kinds of prompt answer it, as sibling modules: pc_cpu.engine.schema_prompt.SchemaPrompt
 (a PML prompt assembled from a schema's modules) and pc_cpu.engine.document_prompt.DocumentWork
@@ -8,7 +8,7 @@ Two kinds of prompt answer it, as sibling modules: pc_cpu.engine.schema_prompt.S
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Hashable, Protocol
 
 from pc_cpu.result import Tier
 
@@ -32,6 +32,23 @@ class Head:
 
     cells: tuple  # hashable: what the cells are (content keys and positions, or tokens and positions)
     end: int  # the position after the last of them: the cells a stream keeps
+
+
+@dataclass(frozen=True)
+class IdleTask:
+    """Cells a finished prompt asks for while nothing waits or runs: tokens computed in a free slot's stream, then kept.
+
+    The scheduler computes `tokens` at positions 0..n-1 of an empty stream, one n_batch chunk
+    per step of its worker (the chunks Context.decode makes), and gives up the stream (to
+    start again later) when a prompt arrives before a chunk. Once every token is computed,
+    `save(slot)` stores the stream's cells and returns their Head: the slot keeps them for
+    the next prompt with that head (None: nothing was stored, and the stream is emptied).
+    """
+
+    key: Hashable  # what the cells are: one task per key waits at a time
+    tokens: tuple[int, ...]
+    save: Callable[[int], Head | None]
+    skip: Callable[[], bool] = lambda: False  # asked before it starts: True drops it (the cells are stored already)
 
 
 class PromptWork(Protocol):
@@ -64,3 +81,9 @@ class PromptWork(Protocol):
 
     def held_tiers(self) -> dict[str, Tier]:
         """Returns Result.tiers when the head was found in the prompt's stream: every encoding from the context."""
+
+    def idle_task(self) -> IdleTask | None:
+        """Returns the cells worth computing for prompts like this one once the scheduler is idle, or None.
+
+        Asked when the prompt has finished.
+        """

@@ -24,6 +24,13 @@ tier or the library held). A prompt holds library cells only while it is being
 assembled, so requests wait for a free slot, never for library cells. What a
 prompt is, the scheduler does not know: it runs any PromptWork
 (pc_cpu.engine.prompt_work; schema_prompt and document_prompt are the two kinds).
+
+Idle time: a finished prompt may leave an IdleTask (a question over documents leaves the
+computation of its exact prefix, pc_cpu.engine.document_prompt). When no request waits or
+runs, the worker computes the oldest task one n_batch chunk per loop in a free slot's stream,
+and gives the slot up (the task waits again) when a request arrives before a chunk: a request
+waits at most one chunk for it. Once computed, the cells are stored and the slot keeps them as
+a held head, for the next prompt with that head. `wait_idle` returns once none is left.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Union
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
-from pc_cpu.engine.prompt_work import Head, PromptWork
+from pc_cpu.engine.prompt_work import Head, IdleTask, PromptWork
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.sampler import Sampler, SamplingParams
 from pc_cpu.engine.turns import FairLock
@@ -48,6 +55,7 @@ from pc_cpu.result import Result, Tier
 log = logging.getLogger(__name__)
 
 _GIVE_WAY_POLL_S = 0.002  # how long give_way leaves the lock at a time: a decode step asks for it within that
+IDLE_TASKS_KEPT = 4  # idle tasks waiting at most: the latest prompts' (an older one is dropped)
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,15 @@ class Request:
             self.events.put(Piece(text))
 
 
+@dataclass
+class IdleRun:
+    """The idle task being computed: its slot (out of the free list meanwhile) and the tokens done."""
+
+    task: IdleTask
+    slot: int
+    done: int = 0
+
+
 class Scheduler:
     """Admits, batches and retires the requests of one context; one worker thread does the llama.cpp calls."""
 
@@ -128,6 +145,8 @@ class Scheduler:
         self._wake = threading.Condition()
         self._pending: deque[Request] = deque()
         self._active: list[Request] = []
+        self._idle: deque[IdleTask] = deque(maxlen=IDLE_TASKS_KEPT)  # waiting for idle time, oldest first
+        self._idle_run: IdleRun | None = None  # the task being computed
         self._closing = False
         self._thread: threading.Thread | None = None
         self.stats = SchedulerStats()
@@ -142,17 +161,33 @@ class Scheduler:
             if self._closing:
                 raise EngineError("this PromptCache is closed")
             self._pending.append(request)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="pc_cpu-scheduler", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+            self._start_worker()
+            self._wake.notify_all()  # all: wait_idle's callers wait on it too
         return request
+
+    def _start_worker(self) -> None:
+        """Starts the worker thread on the first request (call holding `_wake`)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pc_cpu-scheduler", daemon=True)
+            self._thread.start()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Returns True once no request waits or runs and no idle task is left; False when `timeout` seconds pass first.
+
+        A closed scheduler is idle: its tasks are dropped.
+        """
+        with self._wake:
+            return self._wake.wait_for(lambda: self._closing or not self._busy(), timeout)
+
+    def _busy(self) -> bool:
+        """Returns whether the worker has anything to do (call holding `_wake`)."""
+        return bool(self._pending or self._active or self._idle or self._idle_run)
 
     def close(self) -> None:
         """Stops the worker; requests still waiting or running fail with EngineError."""
         with self._wake:
             self._closing = True
-            self._wake.notify()
+            self._wake.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
@@ -181,13 +216,16 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not (self._pending or self._active or self._closing):
+                while not (self._busy() or self._closing):
+                    self._wake.notify_all()  # wait_idle's callers: nothing is left
                     self._wake.wait()
                 if self._closing:
                     break
             with self._lock:
                 try:
                     self._retire_cancelled()
+                    if self._pending:
+                        self._stop_idle_run()  # its slot goes to the request
                     self._admit()
                     if self._active:
                         self._step()
@@ -195,6 +233,8 @@ class Scheduler:
                     log.exception("decode step failed")
                     for request in list(self._active):
                         self._fail(request, exc)
+                if not self._active:
+                    self._idle_step()
         with self._lock:
             error = EngineError("the PromptCache was closed before this prompt finished")
             for request in list(self._active) + list(self._pending):
@@ -292,6 +332,8 @@ class Scheduler:
             request.pending = token
 
     def _finish(self, request: Request, reason: str) -> None:
+        if reason != "cancelled":
+            self._queue_idle(request.job.work)  # before the caller hears of it: wait_idle then sees the task
         request.emit(request.decoder.flush())
         self._release(request, keep_head=reason != "cancelled")
         job = request.job
@@ -309,8 +351,84 @@ class Scheduler:
             error = EngineError(f"generation failed: {error}")
         request.events.put(Failed(error))
 
+    # --- idle time ----------------------------------------------------------------
+
+    def _queue_idle(self, work: PromptWork) -> None:
+        """Queues the idle task of a finished prompt, unless one with its key waits or runs already."""
+        try:
+            task = work.idle_task()
+        except Exception:  # never fails the answer it follows
+            log.exception("could not plan idle work")
+            return
+        if task is None:
+            return
+        with self._wake:
+            queued = [t.key for t in self._idle] + ([self._idle_run.task.key] if self._idle_run else [])
+            if task.key not in queued:
+                self._idle.append(task)  # maxlen: the oldest waiting task is dropped
+
+    def _idle_step(self) -> None:
+        """Computes the next chunk of the idle task (starting the oldest one), unless a request waits.
+
+        Call holding the lock, with no request active. A failure drops the task, never the worker.
+        """
+        with self._wake:
+            if self._pending or self._closing:
+                return
+            run = self._idle_run or self._next_idle_run()
+        if run is None:
+            return
+        try:
+            tokens, lo = run.task.tokens, run.done
+            hi = min(len(tokens), lo + self.prompts.n_batch)
+            self.prompts.decode(tokens[lo:hi], range(lo, hi), run.slot, logits_last=False)
+            run.done = hi
+            if hi == len(tokens):
+                head = run.task.save(run.slot)
+                if head is not None:
+                    self._held[run.slot] = head
+                self._end_idle_run(keep=head is not None)
+        except Exception:
+            log.exception("idle work failed; dropped")
+            self._end_idle_run(keep=False)
+
+    def _next_idle_run(self) -> IdleRun | None:
+        """Returns the oldest idle task still to do, started in a free slot's emptied stream (call holding `_wake`)."""
+        while self._idle and self._free:
+            task = self._idle.popleft()
+            if task.skip():
+                continue
+            slot = self._pick_free_slot()
+            self._held.pop(slot, None)
+            self.prompts.seq_rm(slot)
+            self._idle_run = IdleRun(task, slot)
+            return self._idle_run
+        return None
+
+    def _stop_idle_run(self) -> None:
+        """Gives up the idle task being computed (its slot emptied and freed); it waits again, first in line."""
+        run = self._idle_run
+        if run is None:
+            return
+        self._end_idle_run(keep=False)
+        with self._wake:
+            if len(self._idle) < IDLE_TASKS_KEPT:
+                self._idle.appendleft(run.task)
+
+    def _end_idle_run(self, *, keep: bool) -> None:
+        """Frees the idle task's slot; its stream keeps the computed cells when `keep` (its head is held)."""
+        run, self._idle_run = self._idle_run, None
+        if not keep:
+            self._held.pop(run.slot, None)
+            self.prompts.seq_rm(run.slot)
+        self._free.append(run.slot)
+
     def drop_held(self) -> int:
-        """Empties the streams that free slots keep for reuse; returns their cells. Call with the PromptCache's lock."""
+        """Empties the streams that free slots keep for reuse; returns their cells. Call with the PromptCache's lock.
+
+        An idle task being computed gives its stream up too (it starts again later).
+        """
+        self._stop_idle_run()
         cells = 0
         for slot, head in list(self._held.items()):
             self.prompts.seq_rm(slot)

@@ -104,6 +104,9 @@ class SchemaPrompt:
     def held_tiers(self) -> dict[str, Tier]:
         return dict.fromkeys(sorted(self.plan.encodings), Tier.CONTEXT)
 
+    def idle_task(self) -> None:
+        return None  # a schema's modules are encoded when it loads: nothing is left for idle time
+
     def prefill_tail(self, slot: int) -> int:
         last = self.split.tail[-1]
         self.prompts.seq_rm(slot, last.start, -1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.pml.encoding import content_digest
 from pc_cpu.pml.recompute import RecomputePolicy, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
@@ -94,6 +94,31 @@ def preamble_content(preamble: tuple[int, ...]) -> str:
 def document_content(preamble: tuple[int, ...], tokens: tuple[int, ...]) -> str:
     """Returns the content digest of a document's cells: computed after `preamble`, from its home position."""
     return content_digest(DOCUMENT_MODE, "document", list(preamble), len(preamble), list(tokens))
+
+
+def prefix_content(tokens: tuple[int, ...]) -> str:
+    """Returns the content digest of a prompt's exact prefix: its tokens before the tail, computed at 0..n-1 together.
+
+    The tokens are the preamble and the documents in prompt order, so another system message,
+    other documents or another order is another prefix.
+    """
+    return content_digest(DOCUMENT_MODE, "prefix", list(tokens))
+
+
+# ask(prefix=...): when the exact prefix (a full prefill of the preamble and documents) is computed and reused.
+PREFIXES = ("background", "first", "off")
+
+
+def check_prefix(prefix: str) -> str:
+    """Returns `prefix` if it is one of PREFIXES; raises DocumentError naming them.
+
+    "background": a new prefix is answered from documents encoded apart, and its exact cells are
+    computed when the scheduler is idle, for the next question over it; "first": the first
+    question computes them itself; "off": never read or written.
+    """
+    if prefix not in PREFIXES:
+        raise DocumentError(f"prefix={prefix!r} is not a prefix policy; use one of {', '.join(PREFIXES)}")
+    return prefix
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,8 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             question, system = body.question()
             documents = list(body.documents)
             feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,
-                                                       setting=body.setting, order=body.order))
+                                                       setting=body.setting, order=body.order,
+                                                       prefix=body.prefix or "background"))
         else:
             layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)

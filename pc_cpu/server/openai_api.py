@@ -10,7 +10,8 @@ Differences from OpenAI, on purpose:
 - Extensions: `top_k` (0: off), `use_cache` (false: full prefill of the same tokens, the baseline),
   `recompute` (cached module tokens to compute again, e.g. "tail:32" or "select:10%"; see
   pc_cpu.pml.recompute), with `documents` also `setting` ("fast" or "accurate", see
-  pc_cpu.document_settings) and `order` ("given", "relevant-first", "relevant-last"), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
+  pc_cpu.document_settings), `order` ("given", "relevant-first", "relevant-last") and `prefix` ("background",
+  "first", "off": when the exact prefix is computed, see PromptCache.ask), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
   and `tiers` (where each module's cells came from). `usage.prompt_tokens_details.cached_tokens`
   is OpenAI's own field for the cached count.
 - `model` is accepted and ignored (one model per server); `n` must be 1; other OpenAI fields
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.options import GenerationOptions
+from pc_cpu.pml.documents import PREFIXES
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
 from pc_cpu.server.chat import Message
@@ -153,20 +155,23 @@ class ChatRequest(SamplingRequest):
     documents: Optional[list[str]] = None  # ids or names: answer with PromptCache.ask instead of a schema
     setting: Optional[str] = None  # with documents: "fast" or "accurate" (pc_cpu.document_settings)
     order: Optional[str] = None  # with documents: "given", "relevant-first" or "relevant-last"
+    prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.documents)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _schema_or_documents(self) -> "ChatRequest":
         if self.documents is None:
-            if self.setting is not None or self.order is not None:
-                raise ValueError("`setting` and `order` are for questions over `documents`; send `documents` too, "
-                                 "or leave them out")
+            if self.setting is not None or self.order is not None or self.prefix is not None:
+                raise ValueError("`setting`, `order` and `prefix` are for questions over `documents`; send "
+                                 "`documents` too, or leave them out")
             if self.schema_name is None:
                 raise ValueError("send `schema` (a loaded schema the messages import from) or `documents` "
                                  "(ids or names of documents to answer from, see POST /v1/documents)")
             return self
         if self.schema_name is not None:
             raise ValueError("send `schema` or `documents`, not both: a question over documents uses no schema")
+        if self.prefix is not None and self.prefix not in PREFIXES:
+            raise ValueError(f"prefix={self.prefix!r}: use one of {', '.join(PREFIXES)}")
         roles = [message.role for message in self.messages]
         if roles[-1] != "user" or any(role not in SYSTEM_ROLES for role in roles[:-1]):
             raise ValueError("with `documents`, send any system (or developer) messages, then one user message, "

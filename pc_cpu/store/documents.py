@@ -71,6 +71,23 @@ def library_directory(disk: "DiskStore") -> Path:
     return disk.directory / "documents"
 
 
+PREFIX_LABEL = "document prefix"  # then the ids of its documents, in prompt order
+
+
+def prefix_label(doc_ids: Iterable[str]) -> str:
+    """Returns the store label of an exact prefix (pc_cpu.engine.document_prompt) over these documents.
+
+    It names every document, so that removing any of them removes the prefix too: its cells hold that text.
+    """
+    return " ".join([PREFIX_LABEL, *doc_ids])
+
+
+def prefix_documents(label: str) -> tuple[str, ...]:
+    """Returns the ids of the documents an exact prefix's label names (prefix_label), or () for any other label."""
+    words = label.split(" ")
+    return tuple(words[2:]) if " ".join(words[:2]) == PREFIX_LABEL else ()
+
+
 def labelled_document(label: str) -> str | None:
     """Returns the document id a store label names (`document_label(id)`), else None (modules, preambles)."""
     prefix = document_label("")
@@ -92,7 +109,8 @@ def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleSto
 
     Used by PromptCache.remove_document (every tier) and `pc-cpu store rm` (the disk tier, no model
     loaded). A document id whose library entry is gone still matches the encodings labelled with it,
-    so a library file lost by hand does not leave its encodings behind for good.
+    so a library file lost by hand does not leave its encodings behind for good. The exact
+    prefixes holding the document (prefix_label) go with it: their cells hold its text too.
     """
     try:
         doc = library.resolve(id_or_name) if library is not None else None
@@ -102,7 +120,7 @@ def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleSto
     label = document_label(doc_id)
     removed = 0
     for tier in tiers:
-        for key in [k for k in tier.keys() if k.label == label]:
+        for key in [k for k in tier.keys() if k.label == label or doc_id in prefix_documents(k.label)]:
             removed += bool(tier.remove(key))
     if doc is None and not removed:
         return None

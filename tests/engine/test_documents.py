@@ -187,8 +187,12 @@ def test_recomputing_every_moved_document_equals_the_full_prefill_bit_for_bit(ca
     cached = cached_logits(cache, QUESTION, ids, recompute="all")
     full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
     assert np.array_equal(cached, full)
-    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all")
+    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all", prefix="off")
     assert result.uncached_tokens == len(prompt.tail) + len(prompt.tokens) - prompt.documents[1].start - len(prompt.tail)
+    # With exact prefixes (the default), "all" computes the whole prefix afresh instead, and stores it.
+    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all")
+    assert (result.cached_tokens, result.uncached_tokens) == (0, len(prompt.tokens))
+    assert cache.store.contains(cache.documents.encoder.prefix_key(prompt))
 
 
 def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_encoded(cache_with_store):
@@ -257,13 +261,15 @@ def test_a_setting_by_name_asks_with_its_policy_and_refuses_a_policy_beside_it(c
     ids = [cache.add_document(text) for text in (FUJI, PARIS, NILE)]
     # The model's own measured setting; the tiny model is not in the table and gets the fallback's relevant:1.
     chosen = setting(cache.model.path.name, "accurate")
-    accurate = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate")
-    explicit = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute=chosen.recompute, order=chosen.order)
-    fast = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="fast")
+    # prefix="off": the settings' own cells, never the exact prefix the first question leaves behind.
+    accurate = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate", prefix="off")
+    explicit = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute=chosen.recompute, order=chosen.order,
+                         prefix="off")
+    fast = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="fast", prefix="off")
     assert accurate.uncached_tokens == explicit.uncached_tokens and accurate.token_ids == explicit.token_ids
     if chosen.recompute == "relevant:1":  # PARIS, the second document, is computed again
         assert accurate.uncached_tokens > fast.uncached_tokens
-    assert fast.token_ids == cache.ask(QUESTION, documents=ids, max_tokens=3).token_ids
+    assert fast.token_ids == cache.ask(QUESTION, documents=ids, max_tokens=3, prefix="off").token_ids
     with pytest.raises(PromptCacheError, match="give either setting or recompute/order, not both"):
         cache.ask(QUESTION, documents=ids, setting="accurate", recompute="tail:4")
     with pytest.raises(PromptCacheError, match="setting='slow' is not a setting"):
@@ -274,11 +280,11 @@ def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):
     store = tmp_path / "store"
     first = make_cache(store=store)
     ids = [first.add_document(text, name=name) for text, name in ((PARIS, "paris"), (FUJI, "fuji"))]
-    before = first.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8)
+    before = first.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8, prefix="off")
     first.close()
     second = make_cache(store=store)
     assert {d.id for d in second.list_documents()} == set(ids)
-    after = second.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8)
+    after = second.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8, prefix="off")
     assert second.documents_encoded == 0 and set(after.tiers.values()) == {"disk"}
     assert after.token_ids == before.token_ids  # same tokens, same answer, whichever tier
 

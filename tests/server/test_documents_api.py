@@ -57,9 +57,11 @@ def _error(response, status: int) -> dict:
 
 
 def _chat(documents, question="What floats?", system=SYSTEM, **extra) -> dict:
+    """Returns a chat body over `documents`; prefix "off" unless told, so that it answers as an earlier ask did
+    (not from the exact prefix that ask left behind)."""
     messages = ([{"role": "system", "content": system}] if system is not None else [])
     return {"documents": documents, "messages": messages + [{"role": "user", "content": question}],
-            "max_tokens": 6, **extra}
+            "max_tokens": 6, "prefix": "off", **extra}
 
 
 def test_adding_returns_the_id_of_the_text_and_the_same_text_keeps_it(http, library):
@@ -123,7 +125,7 @@ def test_an_empty_question_over_documents_is_a_400(http, library, question):
 
 def test_chat_with_documents_answers_like_the_library_ask(http, library, doc_cache):
     boats, trains = library
-    expected = doc_cache.ask("What floats?", documents=[boats, trains], system=SYSTEM, max_tokens=6)
+    expected = doc_cache.ask("What floats?", documents=[boats, trains], system=SYSTEM, max_tokens=6, prefix="off")
     body = http.post("/v1/chat/completions", json=_chat([boats, trains])).json()
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["choices"][0]["message"] == {"role": "assistant", "content": expected.text}
@@ -135,12 +137,12 @@ def test_chat_with_documents_answers_like_the_library_ask(http, library, doc_cac
 def test_names_work_like_ids_and_system_messages_join(http, library, doc_cache):
     boats, trains = library
     expected = doc_cache.ask("Which one runs?", documents=[trains, boats], system="Be brief.\n\nUse the notes.",
-                             max_tokens=6)
+                             max_tokens=6, prefix="off")
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "developer", "content": [{"type": "text", "text": "Use the notes."}]},
                 {"role": "user", "content": "Which one runs?"}]
     body = http.post("/v1/chat/completions", json={"documents": [trains, "boats.txt"], "messages": messages,
-                                                   "max_tokens": 6}).json()
+                                                   "max_tokens": 6, "prefix": "off"}).json()
     assert body["choices"][0]["message"]["content"] == expected.text
     assert body["usage"]["prompt_tokens"] == expected.prompt_tokens
 
@@ -153,7 +155,7 @@ def test_a_document_added_for_a_system_message_is_asked_with_it_without_encoding
 
 def test_chat_with_documents_streams_openai_chunks(http, library, doc_cache):
     boats, _ = library
-    expected = doc_cache.ask("What floats?", documents=[boats], system=SYSTEM, max_tokens=6)
+    expected = doc_cache.ask("What floats?", documents=[boats], system=SYSTEM, max_tokens=6, prefix="off")
     with http.stream("POST", "/v1/chat/completions", json=_chat([boats], stream=True)) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
@@ -190,7 +192,8 @@ def test_documents_do_not_mix_with_a_schema(http, library):
 
 
 def test_recompute_with_documents_answers_as_ask_does_and_a_bad_one_is_a_400(http, library, doc_cache):
-    expected = doc_cache.ask("What floats?", documents=list(library), system=SYSTEM, max_tokens=6, recompute="all")
+    expected = doc_cache.ask("What floats?", documents=list(library), system=SYSTEM, max_tokens=6, prefix="off",
+                             recompute="all")
     body = http.post("/v1/chat/completions", json=_chat(list(library), recompute="all")).json()
     assert body["choices"][0]["message"]["content"] == expected.text
     assert body["usage"]["uncached_tokens"] == expected.uncached_tokens > len(doc_cache.document_tokens(TRAINS))
@@ -202,18 +205,19 @@ def test_setting_and_order_with_documents_answer_as_ask_does_and_without_documen
                                                                                              doc_cache):
     question = "What runs on rails between the towns?"  # about the second document: relevant:1 computes it
     for options in ({"setting": "accurate"}, {"order": "relevant-first"}):
-        expected = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6, **options)
+        expected = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6, prefix="off",
+                                 **options)
         body = http.post("/v1/chat/completions", json=_chat(list(library), question, **options)).json()
         assert body["choices"][0]["message"]["content"] == expected.text, options
         assert body["usage"]["uncached_tokens"] == expected.uncached_tokens, options
-    plain = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6)
-    assert doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6,
+    plain = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6, prefix="off")
+    assert doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6, prefix="off",
                          setting="accurate").uncached_tokens > plain.uncached_tokens
     error = _error(http.post("/v1/chat/completions", json=_chat(list(library), setting="best")), 400)
     assert "setting='best' is not a setting" in error["message"]
     error = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                            "schema": "s", "setting": "accurate"}), 422)
-    assert "`setting` and `order` are for questions over `documents`" in error["message"]
+    assert "`setting`, `order` and `prefix` are for questions over `documents`" in error["message"]
 
 
 def test_chat_without_schema_or_documents_is_422_naming_both(http):
@@ -305,3 +309,14 @@ def test_an_add_whose_client_leaves_is_cancelled():
         asyncio.run(until_disconnected(FakeRequest(polls=1), work, cancel))
     assert cancel.is_set()
     assert asyncio.run(until_disconnected(FakeRequest(polls=10**6), lambda: "done", threading.Event())) == "done"
+
+
+def test_prefix_with_documents_answers_as_the_baseline_and_a_bad_one_is_a_422(http, library, doc_cache):
+    question = "Which one floats on the sea?"
+    baseline = doc_cache.ask(question, documents=list(library), system=SYSTEM, max_tokens=6, use_cache=False)
+    first = http.post("/v1/chat/completions", json=_chat(list(library), question, prefix="first")).json()
+    again = http.post("/v1/chat/completions", json=_chat(list(library), question, prefix="background")).json()
+    assert first["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"] == baseline.text
+    assert set(again["tiers"].values()) == {"context"}  # the exact prefix "first" left in its slot
+    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), prefix="always")), 422)
+    assert "prefix='always': use one of background, first, off" in error["message"]

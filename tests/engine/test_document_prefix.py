@@ -1,0 +1,147 @@
+"""Exact when it can be: a question whose exact prefix (preamble and documents computed together) is stored answers
+as the full prefill does, token for token (issue 38, item 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu.engine.documents import DocumentEncoder
+from pc_cpu.errors import DocumentError
+from pc_cpu.pml.recompute import parse_policy
+from pc_cpu.store.documents import PREFIX_LABEL
+from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION
+from tests.engine.test_stream_reuse import count_calls
+
+OTHER = "Which river flows north?"
+
+
+@pytest.fixture
+def cache(make_cache, tmp_path):
+    cache = make_cache(store=tmp_path / "store")
+    cache.ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
+    return cache
+
+
+def ask(cache, question, docs=None, **options):
+    return cache.ask(question, documents=cache.ids if docs is None else docs, max_tokens=8, **options)
+
+
+def baseline(cache, question, docs=None):
+    return ask(cache, question, docs, use_cache=False)
+
+
+def prefix_key(cache, question, docs=None):
+    prompt = cache.documents.prompt(question, [cache.library.get(d).text for d in docs or cache.ids])
+    return cache.documents.encoder.prefix_key(prompt), prompt
+
+
+def prefixes(cache) -> list:
+    """Returns the exact prefixes any tier holds."""
+    return [key for tier in cache.store.tiers for key in tier.keys() if key.label.startswith(PREFIX_LABEL)]
+
+
+def test_first_computes_the_exact_prefix_and_every_question_then_answers_as_the_baseline(cache):
+    key, prompt = prefix_key(cache, QUESTION)
+    first = ask(cache, QUESTION, prefix="first")
+    assert first.token_ids == baseline(cache, QUESTION).token_ids
+    assert (first.cached_tokens, first.uncached_tokens) == (0, len(prompt.tokens))
+    assert set(first.tiers.values()) == {"encoded"} and cache.store.contains(key)
+
+    second = ask(cache, OTHER, prefix="first")  # the slot still holds the prefix: only the question is computed
+    _, other = prefix_key(cache, OTHER)
+    assert second.token_ids == baseline(cache, OTHER).token_ids
+    assert (second.cached_tokens, second.uncached_tokens) == (other.tail_start, len(other.tail))
+    assert set(second.tiers.values()) == {"context"} and set(second.tiers) == {"#preamble", *cache.ids}
+
+    cache.evict()  # the held streams go: the prefix is restored from RAM
+    third = ask(cache, OTHER, prefix="first")
+    assert set(third.tiers.values()) == {"ram"} and third.token_ids == second.token_ids
+
+
+def test_background_answers_apart_then_computes_the_exact_prefix_when_idle(cache, monkeypatch):
+    apart = count_calls(monkeypatch, DocumentEncoder, "prefill")  # documents encoded apart, moved into place
+    key, _ = prefix_key(cache, QUESTION)
+    first = ask(cache, QUESTION)  # "background" is the default
+    assert apart == ["prefill"] and set(first.tiers.values()) == {"ram"}
+    assert first.token_ids != baseline(cache, QUESTION).token_ids  # apart, this model answers otherwise
+    assert cache.wait_idle(timeout=60) and cache.store.contains(key)
+    second = ask(cache, OTHER)
+    assert second.token_ids == baseline(cache, OTHER).token_ids
+    assert set(second.tiers.values()) == {"context"} and apart == ["prefill"]  # the stream the idle work left
+
+    # Another order is another prefix: answered apart (and its own prefix computed afterwards).
+    reordered = cache.ids[::-1]
+    other_key, _ = prefix_key(cache, OTHER, reordered)
+    assert not cache.store.contains(other_key)
+    ask(cache, OTHER, reordered)
+    assert apart == ["prefill"] * 2
+    assert cache.wait_idle(timeout=60) and cache.store.contains(other_key)
+    again = ask(cache, OTHER, reordered)
+    assert apart == ["prefill"] * 2 and again.token_ids == baseline(cache, OTHER, reordered).token_ids
+
+
+def test_off_and_the_baseline_never_write_a_prefix(cache):
+    for options in ({"prefix": "off"}, {"prefix": "off", "recompute": "all"}, {"use_cache": False},
+                    {"use_cache": False, "prefix": "first"}):
+        ask(cache, QUESTION, **options)
+        ask(cache, OTHER, **options)
+        assert cache.wait_idle(timeout=60) and prefixes(cache) == [], options
+
+
+def test_off_never_reads_a_stored_prefix(cache):
+    ask(cache, QUESTION, prefix="first")
+    off = ask(cache, OTHER, prefix="off")
+    assert set(off.tiers.values()) == {"ram"} and off.token_ids == ask(cache, OTHER, prefix="off").token_ids
+
+
+def test_removing_a_document_removes_the_prefixes_holding_it(cache):
+    ask(cache, QUESTION, prefix="first")
+    ask(cache, QUESTION, cache.ids[:2], prefix="first")
+    assert len(prefixes(cache)) == 4  # RAM and disk
+    cache.remove_document(cache.ids[2])
+    assert [key.label for key in prefixes(cache)] == [f"{PREFIX_LABEL} {cache.ids[0]} {cache.ids[1]}"] * 2
+
+
+def test_an_invalid_prefix_is_refused_naming_the_valid_ones_before_any_work(cache):
+    steps = cache.scheduler.stats.steps
+    for use_cache in (True, False):
+        with pytest.raises(DocumentError, match="prefix='always' is not a prefix policy; use one of background, "
+                                                "first, off"):
+            ask(cache, QUESTION, prefix="always", use_cache=use_cache)
+    assert cache.scheduler.stats.steps == steps
+
+
+def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_prefix_is_computed_after(cache):
+    from time import perf_counter
+
+    from pc_cpu.cache import Stream
+    from pc_cpu.engine.sampler import SamplingParams
+    from pc_cpu.engine.scheduler import Job
+
+    scheduler, prompts = cache.scheduler, cache.prompts
+    prompts.n_batch = 16  # the prefix in several chunks (every path chunks alike)
+    docs = cache.documents.resolve(cache.ids)
+    work = cache.documents.work(OTHER, docs, names=cache.ids, system=None, order="given",
+                                policy=parse_policy(None), use_cache=True, prefix="background")
+    arrived, stopped = [], []
+    decode, stop = prompts.decode, scheduler._stop_idle_run
+
+    def decode_spy(tokens, positions, seq, **kwargs):
+        if positions[0] == 16 and not kwargs.get("logits_last", True) and not arrived:  # the idle task's 2nd chunk
+            arrived.append(Stream(scheduler.submit(Job(work, SamplingParams(), 8, (), perf_counter()))))
+        return decode(tokens, positions, seq, **kwargs)
+
+    def stop_spy():
+        if scheduler._idle_run is not None:
+            stopped.append(scheduler._idle_run.done)
+        stop()
+
+    prompts.decode, scheduler._stop_idle_run = decode_spy, stop_spy
+    ask(cache, QUESTION)
+    assert cache.wait_idle(timeout=60)
+    for _ in arrived[0]:
+        pass
+    key, _ = prefix_key(cache, OTHER)
+    assert stopped == [32] and cache.store.contains(key)  # given way after the chunk that ran, computed again later
+    assert arrived[0].result.token_ids == ask(cache, OTHER, prefix="off").token_ids  # answered apart
+    assert ask(cache, OTHER).token_ids == baseline(cache, OTHER).token_ids
