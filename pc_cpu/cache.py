@@ -32,6 +32,7 @@ from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.recompute_pass import LibraryRoom
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler
 from pc_cpu.engine.schema_prompt import SchemaPrompt
@@ -112,7 +113,8 @@ class PromptCache:
         ropes = _cache_ropes(self.model)
         self.documents = Documents(self.model, self.markup, self.prompts, roles, self.store, ropes,
                                    library_dir=library_directory(disk) if disk is not None else None,
-                                   max_documents=max_documents)
+                                   max_documents=max_documents,
+                                   library_room=LibraryRoom(self.ctx, roles.slots, self._resident.idle_seqs))
         # One add_document or schema precompute at a time computes in the adder's stream (roles.adder).
         self._adding = threading.Lock()
         # Sliding-window models compute modules in the library context: their long runs need the hold there.

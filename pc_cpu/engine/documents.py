@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
+from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError, StateBlobError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
 from pc_cpu.result import Tier
@@ -49,8 +50,10 @@ class Piece:
 class DocumentEncoder:
     """Finds or computes the cells of preambles and documents; assembles a prompt's stream from them."""
 
-    def __init__(self, prompts: Context, workspace: int, store: TieredStore, ropes: tuple[RopeParams, ...] | None):
+    def __init__(self, prompts: Context, workspace: int, store: TieredStore, ropes: tuple[RopeParams, ...] | None,
+                 library: LibraryRoom | None = None):
         self.prompts = prompts
+        self.library = library  # where several runs are recomputed in one pass (_recompute_in_library); None: never
         self.workspace = workspace  # an empty stream of `prompts` where encodings are computed
         self.store = store
         self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
@@ -172,7 +175,7 @@ class DocumentEncoder:
         self.prompts.seq_rm(slot)
         if self.ropes is not None and not prompt.recomputed:
             self.prompts.state_set(slot, self._assembled(pieces))
-        else:
+        elif not (prompt.recomputed and self._recompute_in_library(prompt, pieces, slot)):
             moved = [self.move(piece, slot) for piece in pieces]
             if prompt.recomputed:
                 moved = self._recompute(prompt, moved, slot)
@@ -212,7 +215,7 @@ class DocumentEncoder:
         self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
         return prompt.end
 
-    def _assembled(self, pieces: list[Piece]) -> memoryview:
+    def _assembled(self, pieces: list[Piece], n_stream: int | None = None) -> memoryview:
         """Returns the restore blob of the pieces moved into place, in a buffer reused by the next prompt.
 
         One pass of the C library (pc_state_assemble): each piece is copied once, its K turned on
@@ -220,12 +223,39 @@ class DocumentEncoder:
         cost more than the copy (bench/RESULTS.md, "RAG workload").
         """
         blobs, deltas = [p.blob for p in pieces], [p.delta for p in pieces]
+        n_stream = n_stream or self.prompts.n_stream  # the library context's is 1 (_recompute_in_library)
         try:
-            n = ops.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
+            n = ops.assemble_into(blobs, deltas, self.ropes, n_stream, self._buffer)
         except BufferError:  # a view of the last prompt's bytes outlived it (a traceback holds one): start afresh
             self._buffer = bytearray()
-            n = ops.assemble_into(blobs, deltas, self.ropes, self.prompts.n_stream, self._buffer)
+            n = ops.assemble_into(blobs, deltas, self.ropes, n_stream, self._buffer)
         return memoryview(self._buffer)[:n]
+
+    def _recompute_in_library(self, prompt: DocumentPrompt, pieces: list[Piece], slot: int) -> bool:
+        """Fills the empty stream `slot` with the prompt's cells before its tail, its runs computed in one pass.
+
+        Returns False (nothing done) when it does not apply.
+
+        Several runs: pc_cpu.engine.recompute_pass computes them all in one decode in the library
+        context, each after the cached cells before it (not after the other runs' new cells).
+        One run, no library, no idle library sequence or no room there: False, nothing changed,
+        and `_recompute` computes the runs in this context's workspace stream. One run goes
+        there on purpose: its stream holds exactly the cells before it, in position order, so
+        its cells are those a full prefill computes in the same batches (recompute="all" is
+        one run, and stays exact), whatever the library holds.
+        """
+        if self.library is None or len(prompt.recomputed) < 2:
+            return False
+        if self.ropes is not None:  # moved and joined in one pass of the C library, for the library's one stream
+            cached = self._assembled(pieces, self.library.ctx.n_stream)
+        else:
+            cached = ops.restore_blob([self.move(piece, slot) for piece in pieces], self.library.ctx.n_stream)
+        try:
+            return recompute_in_library(self.library, cached, prompt.recomputed, prompt.tokens[:prompt.tail_start],
+                                        self.prompts, slot)
+        finally:
+            if isinstance(cached, memoryview):
+                cached.release()  # the buffer is reused by the next prompt
 
     def _recompute(self, prompt: DocumentPrompt, moved: list, empty: int) -> list:
         """Returns blobs holding the prompt's cells before its tail, with `prompt.recomputed` computed again.
@@ -234,7 +264,9 @@ class DocumentEncoder:
         decoded in the workspace stream after every cell before it, cached or computed by an
         earlier run, as a full prefill would compute it. llama.cpp decodes a sequence only at
         the position after its last cell, so the cells before a run are restored alone and the
-        cached cells after it are cut from their piece (in `empty`, a free stream).
+        cached cells after it are cut from their piece (in `empty`, a free stream). This is the
+        path of a prompt with one run, and of several when the library cannot take them
+        (_recompute_in_library): one decode and one state read per run.
         """
         spans = [(0, prompt.home)] + [(doc.start, doc.end) for doc in prompt.documents]
         tokens = prompt.tokens

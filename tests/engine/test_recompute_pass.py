@@ -1,0 +1,262 @@
+"""One-pass recompute of a document prompt (pc_cpu.engine.recompute_pass): every run in one decode, in the library.
+
+Each run must be computed after the cached cells before it (not after other runs' new cells),
+whatever the sequence budget; the rest of the prompt keeps the bytes of its moved encodings;
+every borrowed sequence ends empty, on success and on failure; one run, no idle sequence or no
+room in the library take the prompt's own stream, as before.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pc_cpu import PromptCache
+from pc_cpu.engine import recompute_pass
+from pc_cpu.engine.context import Context
+from pc_cpu.engine.document_prompt import DocumentWork
+from pc_cpu.engine.recompute_pass import LibraryRoom, groups, recompute_in_library
+from pc_cpu.errors import EngineError
+from pc_cpu.kvstate import ops, state_blob
+from pc_cpu.pml.documents import with_recompute
+from pc_cpu.pml.recompute import parse_policy
+from tests.conftest import prefill_logits
+from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION, _prompt
+
+BANANA = "Bananas grow in hanging bunches and turn yellow when they ripen in the sun."
+RAIN = "In this valley most of the rain falls in spring, and the river floods in April."
+TEXTS = (FUJI, NILE, PARIS, BANANA, RAIN)
+# Every question here is assembled from documents encoded apart: no exact prefix (where `ask` has them).
+APART = {"prefix": "off"} if "prefix" in inspect.signature(PromptCache.ask).parameters else {}
+
+
+@pytest.fixture
+def cache(make_cache, tmp_path):
+    return make_cache(store=tmp_path / "store")
+
+
+def is_tiny(cache) -> bool:
+    return cache.model.path.name.startswith("tiny")
+
+
+def build(cache, ids, policy, *, library=True, budget=None):
+    """Returns the prompt, its last logits and its cells (one-stream blob), built in prompt stream 0."""
+    enc = cache.documents.encoder
+    room = enc.library
+    if not library:
+        enc.library = None
+    elif budget is not None:
+        enc.library = replace(room, idle=lambda: room.idle()[:budget])
+    try:
+        prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy(policy))
+        work = DocumentWork(prompt, enc, True)
+        work.prepare()
+        work.prefill(0)
+        logits = cache.prompts.logits()
+        blob = ops.restream(cache.prompts.state_get(0), 1)
+        cache.prompts.seq_rm(0)
+    finally:
+        enc.library = room
+    return prompt, logits, blob
+
+
+def keys(blob, layer: int) -> dict[int, np.ndarray]:
+    """Returns position -> K row at `layer` of the blob's first KV cache."""
+    pos, k, _ = state_blob.layer_kv(blob, layer)
+    return {int(p): row.astype(np.float64) for p, row in zip(pos, k)}
+
+
+def last_layer(blob) -> int:
+    """Returns the last layer of the first KV cache: its K is shaped by the attention of every layer before it."""
+    return state_blob.section_layers(blob)[0] - 1
+
+
+def each_run_alone(cache, prompt, plain, layer) -> dict[int, np.ndarray]:
+    """Returns the K rows of every run computed alone after the cached cells before it (from `plain`), in stream 0."""
+    out = {}
+    for start, end in prompt.recomputed:
+        cache.prompts.state_set(0, ops.restream(plain, cache.prompts.n_stream))
+        cache.prompts.seq_rm(0, start, -1)
+        cache.prompts.decode(prompt.tokens[start:end], range(start, end), 0, logits_last=False)
+        k = keys(ops.restream(cache.prompts.state_get(0), 1), layer)
+        out.update({p: k[p] for p in range(start, end)})
+        cache.prompts.seq_rm(0)
+    return out
+
+
+def library_empty(cache) -> bool:
+    return all(cache.ctx.seq_pos_max(seq) < 0 for seq in range(cache.ctx.n_seq_max))
+
+
+def count_calls(monkeypatch, obj, name) -> list:
+    calls = []
+    original = getattr(obj, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("policy", ["head:3", "tail:4,head:2", "10%"])
+@pytest.mark.parametrize("budget", [None, 1, 2])
+def test_each_run_is_computed_after_the_cached_cells_before_it(cache, policy, budget):
+    ids = [cache.add_document(text) for text in TEXTS]
+    prompt, _, got = build(cache, ids, policy, budget=budget)
+    assert len(prompt.recomputed) >= 4
+    _, _, plain = build(cache, ids, "0")
+    layer = last_layer(got)
+    want, got_k, plain_k = each_run_alone(cache, prompt, plain, layer), keys(got, layer), keys(plain, layer)
+    assert sorted(got_k) == list(range(prompt.end))  # every position once, the runs' at theirs
+    for p, row in want.items():
+        if is_tiny(cache):  # F32 weights: a row's result does not depend on the batch it is in
+            assert np.array_equal(got_k[p], row), p
+        else:  # K-quant kernels round by batch shape (tests/conftest.py batched_prefill_logits)
+            assert np.abs(got_k[p] - row).max() <= 0.02 * np.abs(row).max() + 1e-3, p
+    assert any(not np.array_equal(plain_k[p], want[p]) for p in want)  # the runs did change
+    for p in range(prompt.tail_start):
+        if p not in want:
+            assert np.array_equal(got_k[p], plain_k[p]), p  # the rest: the moved encodings' bytes
+    assert library_empty(cache)
+
+
+def test_all_runs_go_in_one_decode_and_nothing_is_read_back_per_run(cache, monkeypatch):
+    ids = [cache.add_document(text) for text in TEXTS]
+    library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
+    prompt_decodes = count_calls(monkeypatch, cache.prompts, "decode")
+    reads = count_calls(monkeypatch, cache.prompts, "state_get")
+    prompt, _, _ = build(cache, ids, "head:3")
+    assert len(prompt.recomputed) == 4 and len(library_decodes) == 1
+    assert [len(tokens) for _, tokens, *_ in prompt_decodes] == [len(prompt.tail)]  # the question, nothing else
+    assert len(reads) == 1  # build's own read of the result
+    library_decodes.clear()
+    build(cache, ids, "head:3", budget=3)
+    assert len(library_decodes) == 2  # 4 runs, 3 sequences: two groups
+
+
+def test_a_single_run_is_computed_in_the_prompt_stream_as_before(cache, monkeypatch):
+    # One run (head:3 of the second of two documents) keeps the stream path, so recompute="all"
+    # stays the full prefill bit for bit (test_documents.py); the one-pass code, called on it
+    # directly, gives the same cells.
+    ids = [cache.add_document(text) for text in (FUJI, PARIS)]
+    library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
+    prompt, logits, stream_path = build(cache, ids, "head:3")
+    assert len(prompt.recomputed) == 1 and not library_decodes
+    _, _, plain = build(cache, ids, "0")
+    enc = cache.documents.encoder
+    cached = ops.restore_blob([ops.splice([ops.restream(plain, 1)])], 1)
+    assert recompute_in_library(enc.library, cached, prompt.recomputed, prompt.tokens[:prompt.tail_start],
+                                cache.prompts, 0)
+    assert len(library_decodes) == 1
+    cache.prompts.seq_rm(0, prompt.tail_start, -1)
+    cache.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    one_pass = ops.restream(cache.prompts.state_get(0), 1)
+    if is_tiny(cache):
+        assert one_pass == stream_path and np.array_equal(cache.prompts.logits(), logits)
+    else:
+        assert np.argmax(cache.prompts.logits()) == np.argmax(logits)
+    cache.prompts.seq_rm(0)
+    assert library_empty(cache)
+
+
+@pytest.mark.parametrize("policy", ["head:4", "10%", "relevant:1", "tail:4,head:2"])
+def test_answers_run_and_every_borrowed_sequence_ends_empty(cache, policy):
+    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS, BANANA)]
+    prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy(policy))
+    result = cache.ask(QUESTION, documents=ids, max_tokens=4, recompute=policy, **APART)
+    assert result.token_ids and len(result.token_ids) <= 4
+    assert result.uncached_tokens == len(prompt.tail) + prompt.recomputed_tokens
+    assert result.cached_tokens == prompt.cached_tokens
+    assert library_empty(cache)
+    again = cache.ask(QUESTION, documents=ids, max_tokens=4, recompute=policy, **APART)
+    assert again.text == result.text  # an empty library: the same layout, the same bits
+
+
+def _fail_in_decode(ctx: Context):
+    original = ctx.decode
+
+    def decode(tokens, positions, seqs, **kwargs):
+        if not isinstance(seqs, int) and len(set(seqs)) > 1:
+            original(tokens[:1], positions[:1], seqs[:1], **kwargs)  # some cells computed, then a failure
+            raise RuntimeError("injected")
+        return original(tokens, positions, seqs, **kwargs)
+    return decode
+
+
+def _fail_in_move(library, staging, prompts, slot):
+    prompts.state_set(slot, ops.restream(library.state_get(staging), prompts.n_stream))  # filled, then a failure
+    raise RuntimeError("injected")
+
+
+@pytest.mark.parametrize("where", ["decode", "move"])
+def test_a_failure_mid_way_leaves_no_cells_behind(cache, monkeypatch, where):
+    ids = [cache.add_document(text) for text in TEXTS]
+    prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy("head:3"))
+    with monkeypatch.context() as patch:
+        if where == "decode":
+            patch.setattr(cache.ctx, "decode", _fail_in_decode(cache.ctx))
+        else:
+            patch.setattr(recompute_pass, "move_to_stream", _fail_in_move)
+        work = DocumentWork(prompt, cache.documents.encoder, True)
+        work.prepare()
+        with pytest.raises(RuntimeError, match="injected"):
+            work.prefill(0)
+    assert library_empty(cache)
+    assert cache.prompts.seq_pos_max(0) < 0 and cache.prompts.seq_pos_max(cache.roles.workspace) < 0
+    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="head:3", **APART)
+    assert result.token_ids and library_empty(cache)
+
+
+@pytest.mark.parametrize("why", ["no idle sequence", "no room"])
+def test_without_a_sequence_or_room_the_runs_are_computed_in_the_stream(cache, monkeypatch, why):
+    ids = [cache.add_document(text) for text in TEXTS]
+    _, stream_logits, stream_cells = build(cache, ids, "head:3", library=False)
+    enc = cache.documents.encoder
+    if why == "no idle sequence":
+        monkeypatch.setattr(enc, "library", replace(enc.library, idle=lambda: []))
+    else:
+        def full(seq, data):
+            raise EngineError("llama.cpp could not restore: the context has no free cells")
+        monkeypatch.setattr(cache.ctx, "state_set", full)
+    library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
+    _, logits, cells = build(cache, ids, "head:3")
+    assert not library_decodes and cells == stream_cells and np.array_equal(logits, stream_logits)
+    assert library_empty(cache)
+
+
+def test_busy_or_invalid_sequences_are_never_borrowed(cache):
+    ctx = cache.ctx
+    busy = cache.roles.libraries[0]
+    ctx.decode([1, 2, 3], range(3), busy, logits_last=False)  # cells someone holds
+    try:
+        room = LibraryRoom(ctx, cache.roles.slots, lambda: [busy, -1, ctx.n_seq_max, 0, 7, 7, 8])
+        assert room.borrow(0) == [7, 8]
+    finally:
+        ctx.seq_rm(busy)
+    with pytest.raises(EngineError, match="staging"):
+        recompute_in_library(room, b"", [(1, 2)], [1, 2, 3], cache.prompts, cache.roles.workspace)
+    with pytest.raises(EngineError, match="sorted"):
+        recompute_in_library(room, b"", [(2, 3), (1, 2)], [1, 2, 3], cache.prompts, 0)
+    assert groups([(1, 2), (3, 4), (5, 6)], 2) == [[(1, 2), (3, 4)], [(5, 6)]]
+
+
+SCHEMA = ('<schema name="s"><system>Be brief.</system><user><module name="a">The ferry leaves at nine from pier '
+          'four.</module><module name="b">Tickets cost twelve euros.</module></user></schema>')
+PROMPT = '<prompt schema="s"><a/><b/><user>When does the ferry leave?</user></prompt>'
+
+
+def test_resident_modules_keep_their_cells(cache):
+    before = prefill_logits(cache, SCHEMA, PROMPT, use_cache=True)
+    resident = [(seq, cache.ctx.seq_pos_min(seq), cache.ctx.seq_pos_max(seq)) for seq in range(cache.ctx.n_seq_max)]
+    assert any(hi >= 0 for _, _, hi in resident)
+    ids = [cache.add_document(text) for text in TEXTS]
+    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="head:3", **APART)
+    assert result.token_ids
+    assert [(seq, cache.ctx.seq_pos_min(seq), cache.ctx.seq_pos_max(seq))
+            for seq in range(cache.ctx.n_seq_max)] == resident
+    assert np.array_equal(prefill_logits(cache, SCHEMA, PROMPT, use_cache=True), before)
