@@ -584,6 +584,47 @@ def order_by_position(blob: BlobLike) -> BlobLike:
     return out
 
 
+def graft_cells(base: BlobLike, donor: BlobLike, layers: Sequence[int], positions: Sequence[int], *,
+                parts: str = "kv") -> bytearray:
+    """Returns a copy of `base` whose K and/or V of `layers`, at the cells of `positions`, are `donor`'s.
+
+    For finding where two computations of the same tokens differ in effect (bench/document_cell_swaps.py):
+    the cached cells of a prompt with some layers or positions taken from its full prefill. Both
+    blobs must hold the same positions in the same cell order (order_by_position both first) and
+    the same layer records; `parts` is "k", "v" or "kv".
+
+    Raises:
+        StateBlobError: the blobs do not match, or a layer is not in them.
+    """
+    if parts not in ("k", "v", "kv"):
+        raise _error("argument", f"parts={parts!r}: use 'k', 'v' or 'kv'")
+    lb, ld = _layout_parse(base), _layout_parse(donor)
+    if len(lb.sections) != len(ld.sections):
+        raise _error("argument", "the blobs hold different KV caches")
+    out = bytearray(lb.buf)
+    for sb, sd in zip(lb.sections, ld.sections):
+        if not np.array_equal(sb.positions, sd.positions) or sb.n_layer != sd.n_layer or sb.v_trans != sd.v_trans:
+            raise _error("argument", "the blobs hold different cells: order both by position, from the same tokens")
+        rows = np.nonzero(np.isin(sb.positions, np.asarray(list(positions), dtype=np.int64)))[0]
+        for layer in layers:
+            if not 0 <= layer < sb.n_layer:
+                raise _error("argument", f"layer {layer} is not in a KV cache of {sb.n_layer} layers")
+        chosen = ([(sb.k[i], sd.k[i], False) for i in layers] if "k" in parts else []) + \
+                 ([(sb.v[i], sd.v[i], bool(sb.v_trans)) for i in layers] if "v" in parts else [])
+        for rb, rd, transposed in chosen:
+            if rb.key() != rd.key():
+                raise _error("argument", "the blobs' layer records differ (type or row size)")
+            shape = (rb.n_embd, sb.n_cell, rb.el_size) if transposed else (sb.n_cell, rb.row_size)
+            size = sb.n_cell * rb.row_size
+            dst = np.frombuffer(out, np.uint8, size, rb.data_off).reshape(shape)
+            src = np.frombuffer(ld.buf, np.uint8, size, rd.data_off).reshape(shape)
+            if transposed:
+                dst[:, rows] = src[:, rows]
+            else:
+                dst[rows] = src[rows]
+    return out
+
+
 def order_in_place(blob: bytearray | memoryview) -> None:
     """Sorts each KV cache's cells of a writable blob by position, where it lies (see :func:`order_by_position`).
 

@@ -223,8 +223,11 @@ def check_document_policy(policy: RecomputePolicy) -> RecomputePolicy:
 def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentPrompt:
     """Returns the prompt with the document positions `policy` computes again (pc_cpu.pml.recompute).
 
-    As in a schema prompt, recomputed tokens are computed in position order, each after
-    every cell before it, so they attend to the documents before their own. The first
+    Recomputed tokens attend to the documents before their own. Runs of them (maximal
+    stretches of consecutive positions) are computed together in one pass
+    (pc_cpu.engine.recompute_pass): a run sees the cached cells before it and its own new
+    cells, not another run's new cells (EPIC's approximation); a single run sees exactly
+    what a full prefill's tokens would. The first
     document is left out: it sits at its home, after the preamble it was encoded after, so
     its cells already are the full prefill's. `relevant:K` ranks every document against
     the question's tokens (a first document among the K adds nothing).

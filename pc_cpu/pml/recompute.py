@@ -3,7 +3,9 @@
 Modules encoded apart never attended to each other; a full prefill's tokens do.
 Recomputing some of a module's tokens during assembly lets them attend to
 everything the prompt has before them (the other modules included), at the
-price of computing them. Assembly goes in position order, so a recomputed token
+price of computing them. (In a question over documents, several runs of recomputed
+tokens are computed in one pass, each after the cached cells before it:
+pc_cpu.engine.recompute_pass.) Assembly goes in position order, so a recomputed token
 is decoded right where the layout puts it.
 
 Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's

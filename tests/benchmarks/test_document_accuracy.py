@@ -39,15 +39,22 @@ def test_every_answer_is_recorded_and_recomputing_everything_is_the_full_prefill
 
 def test_the_exact_variant_answers_as_the_full_prefill_from_the_prefix_its_first_asking_left(nq_data, tiny_model_path,
                                                                                            tmp_path):
-    job = da.AccuracyJob(models=(str(tiny_model_path),), policies=("0", da.EXACT), orders=("given", "relevant-last"),
-                         n=2, max_tokens=4)
+    job = da.AccuracyJob(models=(str(tiny_model_path),), policies=("0", da.EXACT, da.EXACT_RAM),
+                         orders=("given", "relevant-last"), n=2, max_tokens=4)
     records = da.run(job, tmp_path / "answers.jsonl")
-    assert len(records) == 2 * 2 * 3  # two items, two orders, each: the full prefill, `0` and `exact`
+    assert len(records) == 2 * 2 * 4  # two items, two orders, each: the full prefill, `0`, `exact` and `exact-ram`
     by = {(r["index"], r["order"], r["policy"]): r for r in records}
     for index, order, _ in by:
-        full, exact, apart = (by[(index, order, policy)] for policy in (da.FULL, da.EXACT, "0"))
-        assert exact["text"] == full["text"]  # the exact prefix: the full prefill's cells
-        assert exact["uncached_tokens"] == apart["uncached_tokens"] < full["uncached_tokens"]  # only the question
+        full, apart = by[(index, order, da.FULL)], by[(index, order, "0")]
+        for again in (by[(index, order, da.EXACT)], by[(index, order, da.EXACT_RAM)]):
+            assert again["text"] == full["text"]  # the exact prefix: the full prefill's cells, held or from RAM
+            assert again["uncached_tokens"] == apart["uncached_tokens"] < full["uncached_tokens"]  # only the question
+
+
+def test_the_repeated_question_variants_pass_the_policy_check():
+    from pc_cpu.benchmarks.command import _check_document_policies
+
+    _check_document_policies(["0", da.EXACT, da.EXACT_RAM])  # not recompute policies, and not refused as one
 
 
 def test_a_second_run_resumes_and_writes_its_section_once(nq_data, tiny_model_path, tmp_path, capsys):

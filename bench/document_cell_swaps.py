@@ -1,0 +1,178 @@
+"""Where cached documents lose the answer: the gold answer's log-probability with cells swapped in from the full prefill.
+
+    python bench/document_cell_swaps.py --model qwen2.5-coder-0.5b --task kv --n 12 \
+        --variant exact --variant cached --variant layers:8-23 --variant others --variant others:k
+
+For each question over 5 documents (the items of `pc-cpu bench documents accuracy`, even lines),
+the cells before the question are built two ways from the same tokens: `exact` (a full prefill)
+and `cached` (the preamble and each document as encoded apart, moved into place, as `ask`
+assembles them). A variant is `cached` with some of `exact`'s cells grafted in
+(pc_cpu.kvstate.state_blob.graft_cells), then the question and the gold answer are computed
+after them (teacher forcing) and the answer's summed log-probability is recorded. A variant
+that brings the log-probability back to `exact`'s names the cells whose deviation costs the answer.
+
+Variants:
+    exact, cached                 the two builds
+    layers:A-B                    exact cells in layers A..B (every position)
+    gold, others                  exact cells of the gold document / of every other one
+    others:k, others:v            only K (or only V) of the other documents
+    head:N, tail:N                exact cells of the first / last N tokens of documents 2..5
+    recompute-gold                the gold document computed again after the cached cells before it
+    standin:nq, standin:kv        documents 2..5 encoded after a fixed stand-in passage instead of
+                                  right after the preamble (a "document in a list")
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import numpy as np
+
+from pc_cpu import PromptCache
+from pc_cpu.benchmarks.document_accuracy import questions
+from pc_cpu.engine.documents import Piece
+from pc_cpu.kvstate import ops
+from pc_cpu.kvstate.state_blob import graft_cells, section_layers
+
+STANDINS = {
+    "nq": ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
+           "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.\n\n"),
+    "kv": '"3f2a9c1e-5b7d-4e8a-9c0f-1d2e3f4a5b6c": "7e8f9a0b-1c2d-4e3f-8a5b-6c7d8e9f0a1b"\n\n',
+}
+
+
+class Item:
+    """One question's two builds of the cells before its tail, and what the variants need of them."""
+
+    def __init__(self, pc: PromptCache, question):
+        self.pc, self.ctx, self.enc = pc, pc.prompts, pc.documents.encoder
+        self.slot, self.workspace = pc.roles.slots[0], pc.roles.workspace
+        self.prompt = pc.documents.prompt(question.question, list(question.documents), system=question.system)
+        self.gold = self.prompt.documents[question.gold_index]
+        p = self.prompt
+        self.ctx.seq_rm(self.slot)
+        try:
+            self.ctx.decode(p.tokens[:p.tail_start], range(p.tail_start), self.slot, logits_last=False)
+            self.exact = bytearray(ops.order_by_position(self.ctx.state_get(self.slot)))
+        finally:
+            self.ctx.seq_rm(self.slot)
+        preamble = self.enc.preamble_blob(p.preamble)[0]
+        self.pieces = [Piece(preamble, 0)] + [
+            Piece(self.enc.document_blob(p.preamble, d.id, d.tokens)[0], d.start - p.home) for d in p.documents]
+        self.cached = self._joined([self.enc.move(piece, self.slot) for piece in self.pieces])
+        self.n_layer = section_layers(self.cached)[0]
+
+    def _joined(self, blobs) -> bytearray:
+        return bytearray(ops.order_by_position(ops.restore_blob(blobs, 1)))
+
+    def positions(self, which: str) -> set[int]:
+        """Returns the positions of the gold document, or of every other one (preamble excluded)."""
+        gold = set(range(self.gold.start, self.gold.end))
+        return gold if which == "gold" else set(range(self.prompt.home, self.prompt.tail_start)) - gold
+
+    def variant(self, name: str) -> bytearray:
+        """Returns the cells before the tail that variant `name` (module docstring) gives."""
+        kind, _, arg = name.partition(":")
+        everything, later = range(self.n_layer), self.prompt.documents[1:]
+        if kind == "exact":
+            return self.exact
+        if kind == "cached":
+            return self.cached
+        if kind == "layers":
+            low, high = map(int, arg.split("-"))
+            return graft_cells(self.cached, self.exact, range(low, high + 1), range(self.prompt.tail_start))
+        if kind in ("gold", "others"):
+            return graft_cells(self.cached, self.exact, everything, sorted(self.positions(kind)), parts=arg or "kv")
+        if kind in ("head", "tail"):
+            n = int(arg)
+            spans = [(d.start, d.start + n) if kind == "head" else (d.end - n, d.end) for d in later]
+            return graft_cells(self.cached, self.exact, everything, [p for lo, hi in spans for p in range(lo, hi)])
+        if kind == "recompute-gold":
+            return self._recomputed_gold()
+        if kind == "standin":
+            return self._after_standin(STANDINS[arg])
+        raise SystemExit(f"unknown variant {name!r}; see the module docstring")
+
+    def _recomputed_gold(self) -> bytearray:
+        """Returns the cached cells with the gold document computed again after the cached cells before it."""
+        ctx, ws, gold = self.ctx, self.workspace, self.gold
+        ctx.seq_rm(ws)
+        try:
+            ctx.state_set(ws, ops.restream(self.cached, ctx.n_stream))
+            ctx.seq_rm(ws, gold.start, -1)
+            ctx.decode(gold.tokens, range(gold.start, gold.end), ws, logits_last=False)
+            before = bytearray(ops.order_by_position(ctx.state_get(ws)))
+            ctx.state_set(ws, ops.restream(self.cached, ctx.n_stream))
+            ctx.seq_rm(ws, 0, gold.end)
+            after = ctx.state_get(ws)
+        finally:
+            ctx.seq_rm(ws)
+        return self._joined([before, after] if self.gold.end < self.prompt.tail_start else [before])
+
+    def _after_standin(self, text: str) -> bytearray:
+        """Returns the cells with documents 2..5 computed after the preamble and `text`, then moved into place."""
+        ctx, ws, p = self.ctx, self.workspace, self.prompt
+        standin = tuple(self.pc.model.tokenize(text, special=False))
+        blobs = [self.pieces[0].blob, self.pieces[1].blob]
+        for doc in p.documents[1:]:
+            ctx.seq_rm(ws)
+            try:
+                ctx.state_set(ws, ops.restream(self.pieces[0].blob, ctx.n_stream))
+                tokens = standin + doc.tokens
+                ctx.decode(tokens, range(p.home, p.home + len(tokens)), ws, logits_last=False)
+                ctx.seq_rm(ws, 0, p.home + len(standin))
+                cells = bytes(ops.restream(ctx.state_get(ws), 1))
+            finally:
+                ctx.seq_rm(ws)
+            blobs.append(self.enc.move(Piece(cells, doc.start - p.home - len(standin)), self.slot))
+        return self._joined(blobs)
+
+    def score(self, cells: bytearray, answer: tuple[int, ...]) -> tuple[float, bool]:
+        """Returns the answer's summed log-probability after `cells` and the tail, and whether each token is the argmax."""
+        ctx, p = self.ctx, self.prompt
+        tokens = list(p.tail) + list(answer)
+        ctx.seq_rm(self.slot)
+        try:
+            ctx.state_set(self.slot, ops.restream(cells, ctx.n_stream))
+            ctx.decode_each(tokens, range(p.tail_start, p.tail_start + len(tokens)), [self.slot] * len(tokens))
+            logprob, argmax = 0.0, True
+            for j, token in enumerate(answer):
+                logits = ctx.logits(len(p.tail) - 1 + j).astype(np.float64)
+                top = logits.max()
+                logprob += logits[token] - top - math.log(np.exp(logits - top).sum())
+                argmax &= int(logits.argmax()) == token
+        finally:
+            ctx.seq_rm(self.slot)
+        return logprob, argmax
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--task", choices=("nq", "kv"), default="kv")
+    parser.add_argument("--n", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variant", action="append", default=None)
+    args = parser.parse_args()
+    variants = args.variant or ["exact", "cached"]
+    scores: dict[str, list[tuple[float, bool]]] = {v: [] for v in variants}
+    with PromptCache(args.model, threads=args.threads, n_ctx=4096) as pc:
+        for question in questions(args.task, "even", args.n, 5):
+            item = Item(pc, question)
+            gold = question.answers[0] if args.task == "kv" else " " + question.answers[0]
+            answer = tuple(pc.model.tokenize(gold, special=False))
+            for v in variants:
+                scores[v].append(item.score(item.variant(v), answer))
+            print(question.index, " ".join(f"{v}={scores[v][-1][0]:.2f}" for v in variants), flush=True)
+    print(f"\n| variant | n | gold answer log-prob, mean | median | every answer token the argmax |")
+    print("|---|---|---|---|---|")
+    for v in variants:
+        lps = [s[0] for s in scores[v]]
+        print(f"| `{v}` | {len(lps)} | {statistics.mean(lps):.2f} | {statistics.median(lps):.2f} "
+              f"| {sum(s[1] for s in scores[v]) / len(lps):.0%} |")
+
+
+if __name__ == "__main__":
+    main()
