@@ -315,7 +315,7 @@ class PromptCache:
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
             system: str | None = None, order: str | None = None, setting: str | None = None,
-            prefix: str = "background", **overrides) -> Result:
+            prefix: str | None = None, **overrides) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
@@ -329,8 +329,9 @@ class PromptCache:
         order: "given" (the default), or "relevant-first" / "relevant-last" to move the document
         most like the question to the first or last place (pc_cpu.pml.documents.order_documents);
         the baseline uses the same order.
-        setting: "fast" or "accurate", a recompute policy and order measured on this model, by name
-        (pc_cpu.document_settings, which also says what each loses); instead of recompute and order.
+        setting: "fast" or "accurate", a recompute policy, order and prefix measured on this model, by
+        name (pc_cpu.document_settings, which also says what each loses); instead of recompute and
+        order (a prefix given wins over the setting's).
         prefix: when the exact prefix (the system message and documents in this order, computed
         together as the baseline computes them) is computed; a question whose exact prefix is
         stored restores it, computes only the question, and answers as the baseline does:
@@ -347,11 +348,11 @@ class PromptCache:
 
     def stream_ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
                    system: str | None = None, order: str | None = None, setting: str | None = None,
-                   prefix: str = "background", **overrides) -> "Stream":
+                   prefix: str | None = None, **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream_ask")
-        recompute, order = self._document_setting(setting, options.recompute, order)
+        recompute, order, prefix = self._document_setting(setting, options.recompute, order, prefix)
         sampling = _sampling(options)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
         check_prefix(prefix)  # likewise
@@ -361,15 +362,19 @@ class PromptCache:
                                    use_cache=options.use_cache, prefix=prefix)
         return self._submit(work, sampling, options, t0)
 
-    def _document_setting(self, setting: str | None, recompute, order: str | None) -> tuple:
-        """Returns the (recompute, order) `ask` uses: the named setting's for this model, else the ones given."""
+    def _document_setting(self, setting: str | None, recompute, order: str | None, prefix: str | None) -> tuple:
+        """Returns the (recompute, order, prefix) `ask` uses: the named setting's for this model, else the ones given.
+
+        A prefix given wins over the setting's (a benchmark measuring the setting on documents
+        encoded apart gives "off").
+        """
         if setting is None:
-            return recompute, order or "given"
+            return recompute, order or "given", prefix or "background"
         if recompute is not None or order is not None:
             raise PromptCacheError(f"setting={setting!r} chooses recompute and order itself; give either setting "
                                    "or recompute/order, not both")
         chosen = document_settings.setting(self.model.path.name, setting)
-        return chosen.recompute, chosen.order
+        return chosen.recompute, chosen.order, prefix or chosen.prefix
 
     def document_prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                         names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:

@@ -162,13 +162,14 @@ def _report(result, as_json: bool, what: str) -> None:
               help="Where the document most like the question goes: given (the default), relevant-first, "
                    "relevant-last.")
 @click.option("--setting", type=click.Choice(SETTINGS), default=None,
-              help="A recompute policy and order measured on this model, by name: fast (the default) or accurate "
-                   "(fewer points lost, slower); instead of --recompute and --order.")
-@click.option("--prefix", type=click.Choice(PREFIXES), default="background", show_default=True,
+              help="A recompute policy, order and prefix measured on this model, by name: fast (the default) or "
+                   "accurate (fewer points lost, slower); instead of --recompute and --order (--prefix wins over "
+                   "its prefix).")
+@click.option("--prefix", type=click.Choice(PREFIXES), default=None,
               help="When the exact prefix (the system message and these files in this order, computed together as "
                    "--no-cache computes them) is computed and stored: background answers from the files encoded "
-                   "apart, then computes it before exiting; first computes it before answering; off never. A run "
-                   "that finds it stored answers as --no-cache does, computing only the question.")
+                   "apart, then computes it before exiting (the default); first computes it before answering; off "
+                   "never. A run that finds it stored answers as --no-cache does, computing only the question.")
 @ctx_option
 @threads_option
 @store_option
@@ -203,7 +204,8 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                                use_cache=not no_cache, recompute=recompute, order=order, setting=setting,
                                prefix=prefix)
-        if not no_cache and setting is None and recompute is None and (hint := advice(pc.model.path.name)):
+        if not no_cache and setting is None and recompute is None and prefix != "first" and \
+                (hint := advice(pc.model.path.name)):  # "first": the answer is the full prefill's
             click.echo(f"note: {hint}; --setting accurate chooses it, --no-cache is the full prefill", err=True)
         for piece in stream:
             if not as_json:

@@ -281,7 +281,8 @@ def doc_files(tmp_path):
 def ask_args(model, store, *docs, question="What floats?", prefix="off"):
     """Returns the arguments of `pc-cpu ask` (prefix: "off" unless told, so a run never meets the exact
     prefix an earlier run stored)."""
-    args = ["ask", question, "--model", str(model), "--max-tokens", "4", "--store", str(store), "--prefix", prefix]
+    args = ["ask", question, "--model", str(model), "--max-tokens", "4", "--store", str(store)]
+    args += ["--prefix", prefix] if prefix is not None else []  # None: a --setting chooses it
     for doc in docs:
         args += ["--doc", doc]
     return args
@@ -353,18 +354,20 @@ def test_ask_setting_chooses_the_accurate_policy_and_a_loss_on_the_default_is_on
     code, out, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + ["--json"], capsys)
     assert code == 0 and "note:" not in err  # the tiny model has no measured loss: nothing is claimed
     plain = json.loads(out)
-    code, out, _ = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + ["--setting", "accurate", "--json"], capsys)
+    code, out, _ = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS, prefix=None)
+                            + ["--setting", "accurate", "--json"], capsys)
     assert code == 0 and json.loads(out)["uncached_tokens"] > plain["uncached_tokens"]  # relevant:1 (the fallback)
-    code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + ["--setting", "accurate", "--recompute",
-                                                                            "all"], capsys)
+    code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS, prefix=None)
+                            + ["--setting", "accurate", "--recompute", "all"], capsys)
     assert_one_error_line(code, err, "--setting accurate chooses the recompute policy", "not both")
 
     monkeypatch.setattr("pc_cpu.cli.advice", lambda model: "on this model, cached documents answer 9.0 points below")
     code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS), capsys)
     assert code == 0 and err.count("note: on this model, cached documents answer 9.0 points below; "
                                    "--setting accurate chooses it, --no-cache is the full prefill") == 1
-    for chosen in (["--setting", "fast"], ["--no-cache"], ["--recompute", "0"]):
-        code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS) + chosen, capsys)
+    for chosen, prefix in ((["--setting", "fast"], None), (["--no-cache"], "off"), (["--recompute", "0"], "off"),
+                           ([], "first")):
+        code, _, err = run_main(ask_args(tiny_model_path, store, *docs, question=RAILS, prefix=prefix) + chosen, capsys)
         assert code == 0 and "note:" not in err, chosen  # the user chose: no advice
 
 

@@ -209,7 +209,7 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             documents = list(body.documents)
             feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,
                                                        setting=body.setting, order=body.order,
-                                                       prefix=body.prefix or "background"))
+                                                       prefix=body.prefix))
         else:
             layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)

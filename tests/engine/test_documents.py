@@ -259,17 +259,20 @@ def test_order_places_the_question_s_document_and_the_baseline_prefills_the_same
 def test_a_setting_by_name_asks_with_its_policy_and_refuses_a_policy_beside_it(cache_with_store):
     cache = cache_with_store()
     ids = [cache.add_document(text) for text in (FUJI, PARIS, NILE)]
-    # The model's own measured setting; the tiny model is not in the table and gets the fallback's relevant:1.
-    chosen = setting(cache.model.path.name, "accurate")
-    # prefix="off": the settings' own cells, never the exact prefix the first question leaves behind.
-    accurate = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate", prefix="off")
-    explicit = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute=chosen.recompute, order=chosen.order,
-                         prefix="off")
+    fast_setting, chosen = setting(cache.model.path.name, "fast"), setting(cache.model.path.name, "accurate")
+    assert chosen.prefix == "first"  # the tiny model is not in the table: the fallback's exact prefix
+    # prefix="off" wins over the setting's: the setting's own cells, never an exact prefix.
     fast = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="fast", prefix="off")
-    assert accurate.uncached_tokens == explicit.uncached_tokens and accurate.token_ids == explicit.token_ids
-    if chosen.recompute == "relevant:1":  # PARIS, the second document, is computed again
-        assert accurate.uncached_tokens > fast.uncached_tokens
-    assert fast.token_ids == cache.ask(QUESTION, documents=ids, max_tokens=3, prefix="off").token_ids
+    explicit = cache.ask(QUESTION, documents=ids, max_tokens=3, recompute=fast_setting.recompute,
+                         order=fast_setting.order, prefix="off")
+    assert fast.uncached_tokens == explicit.uncached_tokens and fast.token_ids == explicit.token_ids
+    # "accurate": the first question computes the exact prefix, the next restores it; both are the baseline's.
+    full = cache.ask(QUESTION, documents=ids, max_tokens=3, use_cache=False)
+    first = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate")
+    again = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate")
+    assert first.token_ids == again.token_ids == full.token_ids
+    assert first.cached_tokens == 0 and again.cached_tokens == fast.cached_tokens + fast.uncached_tokens - len(
+        cache.document_prompt(QUESTION, [FUJI, PARIS, NILE]).tail)
     with pytest.raises(PromptCacheError, match="give either setting or recompute/order, not both"):
         cache.ask(QUESTION, documents=ids, setting="accurate", recompute="tail:4")
     with pytest.raises(PromptCacheError, match="setting='slow' is not a setting"):
