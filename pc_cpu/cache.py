@@ -114,7 +114,8 @@ class PromptCache:
         self.documents = Documents(self.model, self.markup, self.prompts, roles, self.store, ropes,
                                    library_dir=library_directory(disk) if disk is not None else None,
                                    max_documents=max_documents,
-                                   library_room=LibraryRoom(self.ctx, roles.slots, self._resident.idle_seqs))
+                                   library_room=LibraryRoom(self.ctx, roles.slots, self._resident.idle_seqs,
+                                                            together=1 if self.model.info.n_swa else None))
         # One add_document or schema precompute at a time computes in the adder's stream (roles.adder).
         self._adding = threading.Lock()
         # Sliding-window models compute modules in the library context: their long runs need the hold there.

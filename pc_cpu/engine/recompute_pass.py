@@ -65,6 +65,11 @@ class LibraryRoom:
     ctx: Context  # the library context (unified KV cache)
     staging: tuple[int, ...]  # the prompt slots: slot s assembles in library sequence s (SequenceRoles.slots)
     idle: Callable[[], list[int]]  # library sequences holding no module right now (ResidentTier.idle_seqs)
+    # Most runs decoded in one batch (None: as many as idle sequences). 1 on sliding-window models: there,
+    # runs of several sequences decoded together got other cells than each run alone (Gemma 3,
+    # tests/engine/test_recompute_pass.py; the cause in llama.cpp's SWA masking was not found), one at a
+    # time they match.
+    together: int | None = None
 
     def borrow(self, staging: int) -> list[int]:
         """Returns the idle sequences that are valid, empty and not `staging`, each once, in order."""
@@ -109,7 +114,7 @@ def recompute_in_library(room: LibraryRoom, cached: bytes | bytearray | memoryvi
         try:
             # Last group first: a group's new cells go into the staging sequence only once
             # every run before them has shared its cached cells (see the module docstring).
-            for group in reversed(groups(runs, len(spare))):
+            for group in reversed(groups(runs, min(len(spare), room.together or len(spare)))):
                 _decode_group(lib, slot, group, spare, tokens)
         except ContextOverflowError as exc:
             log.info("one-pass recompute: no free library cells (%s); recomputing in the prompt's stream", exc)
