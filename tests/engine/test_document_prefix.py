@@ -63,7 +63,6 @@ def test_background_answers_apart_then_computes_the_exact_prefix_when_idle(cache
     key, _ = prefix_key(cache, QUESTION)
     first = ask(cache, QUESTION)  # "background" is the default
     assert apart == ["prefill"] and set(first.tiers.values()) == {"ram"}
-    assert first.token_ids != baseline(cache, QUESTION).token_ids  # apart, this model answers otherwise
     assert cache.wait_idle(timeout=60) and cache.store.contains(key)
     second = ask(cache, OTHER)
     assert second.token_ids == baseline(cache, OTHER).token_ids
