@@ -162,8 +162,9 @@ def _report(result, as_json: bool, what: str) -> None:
               help="Where the document most like the question goes: given (the default), relevant-first, "
                    "relevant-last.")
 @click.option("--setting", type=click.Choice(SETTINGS), default=None,
-              help="A recompute policy, order and prefix measured on this model, by name: fast (the default) or "
-                   "accurate (fewer points lost, slower); instead of --recompute and --order (--prefix wins over "
+              help="By name: fast (the default: these files encoded apart, the exact prefix computed after the "
+                   "answer) or accurate (the full prefill's answer: the first run over these files computes the "
+                   "exact prefix, later runs reuse it); instead of --recompute and --order (--prefix wins over "
                    "its prefix).")
 @click.option("--prefix", type=click.Choice(PREFIXES), default=None,
               help="When the exact prefix (the system message and these files in this order, computed together as "
