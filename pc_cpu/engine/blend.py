@@ -31,6 +31,7 @@ from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.probe import Probe, layer_values
+from pc_cpu.engine.recompute_pass import decode_runs
 from pc_cpu.errors import EngineError, PromptCacheError, StateBlobError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
@@ -187,20 +188,7 @@ def recompute_runs(ctx: Context, seq: int, runs: list[Run], token_at: dict[int, 
     if not spare:
         raise PromptCacheError("recompute 'select:…' needs an idle sequence; raise n_seq_max or unload a schema")
     for batch in batches(runs, len(spare), ctx.n_batch):
-        tokens, positions, seqs = [], [], []
-        for (start, end), scratch in zip(batch, spare):
-            ctx.seq_cp(seq, scratch, 0, start)
-            tokens += [token_at[p] for p in range(start, end)]
-            positions += range(start, end)
-            seqs += [scratch] * (end - start)
-        try:
-            ctx.decode(tokens, positions, seqs, logits_last=False)
-            for (start, end), scratch in zip(batch, spare):
-                ctx.seq_rm(seq, start, end)
-                ctx.seq_cp(scratch, seq, start, end)
-        finally:
-            for scratch in spare[:len(batch)]:
-                ctx.seq_rm(scratch)
+        decode_runs(ctx, seq, batch, spare, token_at)
 
 
 def _after_last_copy(plan: Plan) -> int:

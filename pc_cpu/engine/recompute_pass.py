@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.streams import move_to_stream
@@ -115,7 +115,7 @@ def recompute_in_library(room: LibraryRoom, cached: bytes | bytearray | memoryvi
             # Last group first: a group's new cells go into the staging sequence only once
             # every run before them has shared its cached cells (see the module docstring).
             for group in reversed(groups(runs, min(len(spare), room.together or len(spare)))):
-                _decode_group(lib, slot, group, spare, tokens)
+                decode_runs(lib, slot, group, spare, tokens)
         except ContextOverflowError as exc:
             log.info("one-pass recompute: no free library cells (%s); recomputing in the prompt's stream", exc)
             return False
@@ -130,24 +130,30 @@ def recompute_in_library(room: LibraryRoom, cached: bytes | bytearray | memoryvi
             prompts.seq_rm(slot)
 
 
-def _decode_group(lib: Context, staging: int, group: list[Run], spare: list[int], tokens: Sequence[int]) -> None:
-    """Computes the runs of `group` in one decode, one borrowed sequence each; their cells replace `staging`'s."""
+def decode_runs(ctx: Context, seq: int, group: Sequence[Run], spare: Sequence[int],
+                token_at: Sequence[int] | Mapping[int, int]) -> None:
+    """Computes the runs of `group` in one decode, one borrowed sequence each; their cells replace `seq`'s.
+
+    Each run's sequence first shares the cells of `seq` before the run (seq_cp: no copy), so
+    the run is computed after them; `token_at[p]` is the token at position p. The borrowed
+    sequences are emptied whatever happens. Also the selection of pc_cpu.engine.blend.
+    """
     batch_tokens: list[int] = []
     positions: list[int] = []
     seqs: list[int] = []
-    for (start, end), seq in zip(group, spare):
-        lib.seq_cp(staging, seq, 0, start)  # the cells before the run: shared, not copied
-        batch_tokens += tokens[start:end]
+    for (start, end), borrowed in zip(group, spare):
+        ctx.seq_cp(seq, borrowed, 0, start)  # the cells before the run: shared, not copied
+        batch_tokens += [token_at[p] for p in range(start, end)]
         positions += range(start, end)
-        seqs += [seq] * (end - start)
+        seqs += [borrowed] * (end - start)
     try:
-        lib.decode(batch_tokens, positions, seqs, logits_last=False)
-        for (start, end), seq in zip(group, spare):
-            lib.seq_rm(staging, start, end)
-            lib.seq_cp(seq, staging, start, end)
+        ctx.decode(batch_tokens, positions, seqs, logits_last=False)
+        for (start, end), borrowed in zip(group, spare):
+            ctx.seq_rm(seq, start, end)
+            ctx.seq_cp(borrowed, seq, start, end)
     finally:
-        for seq in spare[:len(group)]:
-            lib.seq_rm(seq)
+        for borrowed in spare[:len(group)]:
+            ctx.seq_rm(borrowed)
 
 
 def _check_runs(runs: Sequence[Run], n: int) -> None:
