@@ -28,6 +28,8 @@ from typing import Callable, Iterator, Sequence
 from pc_cpu import document_settings
 from pc_cpu.documents import Documents
 from pc_cpu.engine.blend import Blender, LazyBlender
+from pc_cpu.engine.cell_store import CellStore
+from pc_cpu.engine.chat_prompt import ChatWork, ConversationCells
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
@@ -39,10 +41,11 @@ from pc_cpu.engine.schema_prompt import SchemaPrompt
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.streams import open_prompt_streams
 from pc_cpu.engine.turns import FairLock
-from pc_cpu.errors import ContextBeyondTrainingError, PromptCacheError
+from pc_cpu.errors import ContextBeyondTrainingError, ContextOverflowError, PromptCacheError
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
+from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_messages
 from pc_cpu.pml.documents import DocumentPrompt, check_document_policy, check_prefix
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.layout import Layout
@@ -127,6 +130,9 @@ class PromptCache:
         self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.prompts, roles, self._lock, batch_invariant=batch_invariant)
         self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
+        self.chat_template = ChatTemplate(self.model.chat_template(), eos_token=self.model.eos_text())
+        self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.model.info.fingerprint,
+                                                can_cut=not self.model.info.n_swa)
         self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._lock, mode=self.encoding,
                                n_ctx=self.ctx.n_ctx, adder=adder, adding=self._adding)
 
@@ -362,6 +368,65 @@ class PromptCache:
         work = self.documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
                                    use_cache=options.use_cache, prefix=prefix)
         return self._submit(work, sampling, options, t0)
+
+    def chat(self, messages: Sequence, options: GenerationOptions | None = None, **overrides) -> Result:
+        """Returns the model's answer to a conversation: OpenAI-style messages, the last one the user's.
+
+        messages: dicts {"role": "system" | "developer" | "user" | "assistant", "content": str}
+        (content may also be a list of {"type": "text", "text": ...} parts), oldest first. They are
+        rendered by the model's own chat template (pc_cpu.pml.chat), as a full prefill of them would be.
+
+        Each turn reuses the cells of the conversation's earlier turns, so it computes only its new
+        messages: from a prompt slot that still holds them (`parallel` conversations at once), else
+        from the RAM or disk tier, where each answer's turn is stored once the scheduler is idle
+        (pc_cpu.engine.chat_prompt). Send the assistant's answers back as they were returned.
+        Result.cached_tokens counts the reused tokens; Result.tiers["#conversation"] says where they
+        came from. use_cache=False is the baseline: a full prefill of the same tokens, in the same
+        decode calls; a turn whose history was stored answers token for token as it does.
+        Generation options as for `generate` (recompute does not apply).
+
+        Raises:
+            PromptError: no messages, an unknown role, a last message that is not the user's, text
+                UTF-8 cannot encode, or messages the chat template refuses.
+            ContextOverflowError: the conversation and one answer token need more positions than a
+                prompt holds (n_ctx); drop its oldest turns (keep the system message) or raise n_ctx.
+        """
+        stream = self.stream_chat(messages, GenerationOptions.of(options, overrides, method="chat"))
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream_chat(self, messages: Sequence, options: GenerationOptions | None = None, **overrides) -> "Stream":
+        """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `chat`.
+
+        Closing it early (a client that went away) keeps the turn's cells computed so far for the next turn.
+        """
+        t0 = time.perf_counter()
+        options = GenerationOptions.of(options, overrides, method="stream_chat")
+        if options.recompute is not None:
+            raise PromptCacheError(f"recompute={options.recompute!r} is for schema prompts and documents; a "
+                                   "conversation reuses its earlier turns as they were computed: leave it out")
+        sampling = _sampling(options)
+        checked = check_messages(messages)
+        prompt = self.chat_prompt(checked)
+        if prompt.end + 1 > self.prompts.n_ctx:
+            raise ContextOverflowError(
+                f"the conversation is {prompt.end:,} tokens and a prompt holds {self.prompts.n_ctx:,} with its "
+                "answer: drop its oldest turns (keep the system message), or raise n_ctx")
+
+        def answered(text: str) -> ChatPrompt | None:
+            try:
+                return self.chat_prompt(checked + (ChatMessage("assistant", text),), add_generation_prompt=False)
+            except PromptCacheError:
+                return None
+
+        work = ChatWork(prompt, self._conversations, answered, options.use_cache)
+        return self._submit(work, sampling, options, t0)
+
+    def chat_prompt(self, messages: Sequence, *, add_generation_prompt: bool = True) -> ChatPrompt:
+        """Returns a conversation's tokens and decode calls as `chat` lays them out (pc_cpu.pml.chat); computes nothing."""
+        return chat_prompt(check_messages(messages) if add_generation_prompt else tuple(messages),
+                           self.chat_template, self.model, add_generation_prompt=add_generation_prompt)
 
     def _document_setting(self, setting: str | None, recompute, order: str | None, prefix: str | None) -> tuple:
         """Returns the (recompute, order, prefix) `ask` uses: the named setting's for this model, else the ones given.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pc_cpu.engine.documents import DocumentEncoder, Piece
-from pc_cpu.engine.prompt_work import Counts, Head, IdleTask
+from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask, same_head
 from pc_cpu.pml.documents import DocumentPrompt
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
@@ -136,7 +136,13 @@ class DocumentWork:
             self._exact = HELD
         return self._every_part(Tier.CONTEXT)
 
-    def prefill_tail(self, slot: int) -> int:
+    def reusable(self, held: Head) -> int:
+        return same_head(self, held)
+
+    def kept_head(self, answer: Answer) -> Head | None:
+        return None if answer.finish_reason == "cancelled" else self.head()
+
+    def prefill_tail(self, slot: int, held: Head) -> int:
         prompts, prompt = self.encoder.prompts, self.prompt
         prompts.seq_rm(slot, prompt.tail_start, -1)
         prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), slot)
@@ -151,7 +157,7 @@ class DocumentWork:
             return Counts(prompt.tail_start, len(prompt.tail), ids)
         return Counts(prompt.cached_tokens, len(prompt.tail) + prompt.recomputed_tokens, ids)
 
-    def idle_task(self) -> IdleTask | None:
+    def idle_task(self, answer: Answer) -> IdleTask | None:
         """Returns the computation of the exact prefix, for the next question over it ("background"), or None."""
         if not self.use_cache or self.prefix != "background" or self._exact is not None:
             return None

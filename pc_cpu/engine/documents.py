@@ -21,23 +21,21 @@ document goes through llama.cpp's seq_add in the workspace stream instead.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
+from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
-from pc_cpu.errors import DocumentError, StateBlobError
+from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
 from pc_cpu.result import Tier
-from pc_cpu.kvstate import ops, parts
+from pc_cpu.kvstate import ops
 from pc_cpu.store.documents import document_label, prefix_label
-from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
-log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Piece:
@@ -56,6 +54,7 @@ class DocumentEncoder:
         self.library = library  # where several runs are recomputed in one pass (_recompute_in_library); None: never
         self.workspace = workspace  # an empty stream of `prompts` where encodings are computed
         self.store = store
+        self.cells = CellStore(prompts, store)
         self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
         self.model_id = prompts.model.info.fingerprint
         self.encoded = 0  # preambles and documents this instance computed
@@ -137,20 +136,7 @@ class DocumentEncoder:
 
     def _stored(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, Tier] | None:
         """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses)."""
-        hit = self.store.get(key)
-        if hit is None:
-            return None
-        try:
-            (blob,) = parts.unpack(hit.entry.payload)
-            info = ops.scan(blob)
-            if (info.n_cell, info.pos_min, info.pos_max + 1) != (positions[1] - positions[0], *positions):
-                raise StateBlobError(f"it holds {info.n_cell} cells at [{info.pos_min}, {info.pos_max + 1})",
-                                     code="corrupt")
-        except (StateBlobError, ValueError) as exc:
-            self.store.remove(key)
-            log.warning("stored %s is unusable (%s); encoding it again", key.describe(), exc)
-            return None
-        return bytes(blob), Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
+        return self.cells.get(key, positions)
 
     def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
@@ -160,10 +146,7 @@ class DocumentEncoder:
 
     def _put(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of stream `seq` as a one-stream blob, after writing them to the byte tiers under `key`."""
-        # Sequence id 0 whichever stream computed it (add_document has its own): same tokens, same bytes.
-        blob = bytes(ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), 0))
-        self.store.put(key, Entry(parts.pack([blob]), n_tokens, positions))
-        return blob
+        return self.cells.put(key, seq, n_tokens, positions)
 
     # --- assembly -------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from typing import Union
 
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.generator import TextDecoder
-from pc_cpu.engine.prompt_work import Head, IdleTask, PromptWork
+from pc_cpu.engine.prompt_work import Answer, Head, IdleTask, PromptWork
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.sampler import Sampler, SamplingParams
 from pc_cpu.engine.turns import FairLock
@@ -114,7 +114,7 @@ class Request:
     cap: int = 0  # most tokens this request may generate
     ttft_ms: float = 0.0
     tiers: dict[str, Tier] = field(default_factory=dict)
-    head: Head | None = None  # PromptWork.head: what its stream holds once prefilled
+    prompt_end: int = 0  # where the prompt ends in its stream: generated tokens' cells follow
 
     def emit(self, text: str) -> None:
         if text:
@@ -139,8 +139,10 @@ class Scheduler:
         self.ctx = ctx  # the library context: where prompts are assembled (slot i stages stream i)
         self.prompts = prompts  # one stream per slot: where prompts are finished and generated
         self._free = list(reversed(roles.slots))  # pop() hands out the lowest slot first
-        # What each free slot's stream still holds from its last prompt (PromptWork.head), for reuse.
+        # What each free slot's stream still holds from its last prompt (PromptWork.kept_head), for reuse.
         self._held: dict[int, Head] = {}
+        self._released: dict[int, int] = {}  # slot -> when it was last freed (a counter): the oldest is reused first
+        self._releases = 0
         self._lock = lock  # the PromptCache's: schema loading waits between steps
         self._wake = threading.Condition()
         self._pending: deque[Request] = deque()
@@ -276,9 +278,8 @@ class Scheduler:
             raise ContextOverflowError(
                 f"prompt needs {end} positions and a prompt slot holds {prompts.n_ctx}: raise n_ctx or shorten "
                 "the prompt")
-        head = job.work.head()
-        reuse = next((slot for slot in self._free if head is not None and self._held.get(slot) == head), None)
-        if reuse is not None:  # the stream already holds this head: no restore, no library work
+        reuse, held = self._reusable_slot(job.work)
+        if reuse is not None:  # the stream already holds the prompt's first cells: no restore, no library work
             request.tiers = job.work.held_tiers()
             self._free.remove(reuse)
             request.slot = reuse
@@ -286,13 +287,13 @@ class Scheduler:
             request.tiers = job.work.prepare()
             request.slot = self._pick_free_slot()
         self._held.pop(request.slot, None)
-        request.head = head
         request.cap = cap
         request.sampler = Sampler(job.sampling)
         request.decoder = TextDecoder(prompts.model, job.stop)
         self._active.append(request)
-        request.next_pos = (job.work.prefill_tail(request.slot) if reuse is not None
+        request.next_pos = (job.work.prefill_tail(request.slot, held) if reuse is not None
                             else job.work.prefill(request.slot))
+        request.prompt_end = request.next_pos
         token = request.sampler.sample(prompts.handle, -1)
         request.ttft_ms = (time.perf_counter() - job.t0) * 1000
         self._accept(request, token)
@@ -331,11 +332,22 @@ class Scheduler:
         else:
             request.pending = token
 
+    def _reusable_slot(self, work: PromptWork) -> tuple[int | None, Head | None]:
+        """Returns the free slot whose stream serves most of the prompt (PromptWork.reusable) and what it holds."""
+        best, keep = None, 0
+        for slot in self._free:
+            held = self._held.get(slot)
+            n = work.reusable(held) if held is not None else 0
+            if n > keep:
+                best, keep = slot, n
+        return best, None if best is None else self._held[best]
+
     def _finish(self, request: Request, reason: str) -> None:
-        if reason != "cancelled":
-            self._queue_idle(request.job.work)  # before the caller hears of it: wait_idle then sees the task
         request.emit(request.decoder.flush())
-        self._release(request, keep_head=reason != "cancelled")
+        answer = Answer(tuple(request.tokens), request.next_pos - request.prompt_end, "".join(request.text), reason)
+        if reason != "cancelled":
+            self._queue_idle(request.job.work, answer)  # before the caller hears of it: wait_idle then sees the task
+        self._release(request, kept=self._kept_head(request.job.work, answer))
         job = request.job
         total = (time.perf_counter() - job.t0) * 1000
         counts = job.work.counts()
@@ -353,10 +365,19 @@ class Scheduler:
 
     # --- idle time ----------------------------------------------------------------
 
-    def _queue_idle(self, work: PromptWork) -> None:
+    @staticmethod
+    def _kept_head(work: PromptWork, answer: Answer) -> Head | None:
+        """Returns what a finished prompt's stream keeps for reuse (None: it is emptied); never fails the answer."""
+        try:
+            return work.kept_head(answer)
+        except Exception:
+            log.exception("could not tell what a finished prompt's stream holds; emptied")
+            return None
+
+    def _queue_idle(self, work: PromptWork, answer: Answer) -> None:
         """Queues the idle task of a finished prompt, unless one with its key waits or runs already."""
         try:
-            task = work.idle_task()
+            task = work.idle_task(answer)
         except Exception:  # never fails the answer it follows
             log.exception("could not plan idle work")
             return
@@ -379,9 +400,11 @@ class Scheduler:
         if run is None:
             return
         try:
-            tokens, lo = run.task.tokens, run.done
-            hi = min(len(tokens), lo + self.prompts.n_batch)
-            self.prompts.decode(tokens[lo:hi], range(lo, hi), run.slot, logits_last=False)
+            task, lo = run.task, run.done
+            start, tokens = task.start, task.tokens
+            call_end = min((c for c in task.calls if c > start + lo), default=start + len(tokens)) - start
+            hi = min(call_end, lo + self.prompts.n_batch)
+            self.prompts.decode(tokens[lo:hi], range(start + lo, start + hi), run.slot, logits_last=False)
             run.done = hi
             if hi == len(tokens):
                 head = run.task.save(run.slot)
@@ -393,14 +416,25 @@ class Scheduler:
             self._end_idle_run(keep=False)
 
     def _next_idle_run(self) -> IdleRun | None:
-        """Returns the oldest idle task still to do, started in a free slot's emptied stream (call holding `_wake`)."""
+        """Returns the oldest idle task still to do, started in its stream (call holding `_wake`).
+
+        That is the free slot holding the task's base, cut at its start, or an emptied free slot.
+        """
         while self._idle and self._free:
             task = self._idle.popleft()
             if task.skip():
                 continue
-            slot = self._pick_free_slot()
-            self._held.pop(slot, None)
-            self.prompts.seq_rm(slot)
+            if task.base is not None:
+                slot = next((s for s in self._free if self._held.get(s) == task.base), None)
+                if slot is None:  # its stream was reused meanwhile: nothing to continue
+                    continue
+                self._free.remove(slot)
+                self._held.pop(slot)
+                self.prompts.seq_rm(slot, task.start, -1)
+            else:
+                slot = self._pick_free_slot()
+                self._held.pop(slot, None)
+                self.prompts.seq_rm(slot)
             self._idle_run = IdleRun(task, slot)
             return self._idle_run
         return None
@@ -409,6 +443,12 @@ class Scheduler:
         """Gives up the idle task being computed (its slot emptied and freed); it waits again, first in line."""
         run = self._idle_run
         if run is None:
+            return
+        if run.task.base is not None:  # the stream keeps what was computed; the task is not resumed
+            head = run.task.stopped(run.task.start + run.done)
+            if head is not None:
+                self._held[run.slot] = head
+            self._end_idle_run(keep=head is not None)
             return
         self._end_idle_run(keep=False)
         with self._wake:
@@ -421,7 +461,7 @@ class Scheduler:
         if not keep:
             self._held.pop(run.slot, None)
             self.prompts.seq_rm(run.slot)
-        self._free.append(run.slot)
+        self._free_slot(run.slot)
 
     def drop_held(self) -> int:
         """Empties the streams that free slots keep for reuse; returns their cells. Call with the PromptCache's lock.
@@ -437,14 +477,20 @@ class Scheduler:
         return cells
 
     def _pick_free_slot(self) -> int:
-        """Returns a free slot, preferring one whose stream holds nothing worth keeping (then the lowest)."""
+        """Returns a free slot, preferring one whose stream holds nothing worth keeping (the lowest), then the
+        one freed longest ago (its held cells are the least recently used)."""
         empty = [slot for slot in self._free if slot not in self._held]
-        slot = min(empty) if empty else min(self._free)
+        slot = min(empty) if empty else min(self._free, key=lambda s: self._released.get(s, -1))
         self._free.remove(slot)
         return slot
 
-    def _release(self, request: Request, *, keep_head: bool = False) -> None:
-        """Frees the request's slot and sampler; the stream keeps the prompt's head when `keep_head` (for reuse).
+    def _free_slot(self, slot: int) -> None:
+        self._releases += 1
+        self._released[slot] = self._releases
+        self._free.append(slot)
+
+    def _release(self, request: Request, *, kept: Head | None = None) -> None:
+        """Frees the request's slot and sampler; its stream keeps `kept` (for reuse), or is emptied.
 
         The library keeps the module cells either way.
         """
@@ -452,14 +498,14 @@ class Scheduler:
             self._active.remove(request)
         if request.slot >= 0:
             try:
-                if keep_head and request.head is not None:
-                    self._held[request.slot] = request.head  # the next prompt's prefill_tail drops the rest
+                if kept is not None:
+                    self._held[request.slot] = kept  # the next prompt's prefill_tail drops what it does not keep
                 else:
                     self._held.pop(request.slot, None)
                     self.prompts.seq_rm(request.slot)
                 self.ctx.seq_rm(request.slot)  # staging: empty unless assembly failed half-way
             finally:
-                self._free.append(request.slot)
+                self._free_slot(request.slot)
                 request.slot = -1
         if request.sampler is not None:
             request.sampler.close()

@@ -18,7 +18,7 @@ from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.modules import ModuleCache
-from pc_cpu.engine.prompt_work import Counts, Head
+from pc_cpu.engine.prompt_work import Answer, Counts, Head, same_head
 from pc_cpu.engine.relocate import copy_moved
 from pc_cpu.engine.streams import SplitPlan, full_prefill, move_to_stream, split_tail
 from pc_cpu.pml.layout import ROOT, Layout
@@ -104,10 +104,16 @@ class SchemaPrompt:
     def held_tiers(self) -> dict[str, Tier]:
         return dict.fromkeys(sorted(self.plan.encodings), Tier.CONTEXT)
 
-    def idle_task(self) -> None:
+    def reusable(self, held: Head) -> int:
+        return same_head(self, held)
+
+    def kept_head(self, answer: Answer) -> Head | None:
+        return None if answer.finish_reason == "cancelled" else self.head()
+
+    def idle_task(self, answer: Answer) -> None:
         return None  # a schema's modules are encoded when it loads: nothing is left for idle time
 
-    def prefill_tail(self, slot: int) -> int:
+    def prefill_tail(self, slot: int, held: Head) -> int:
         last = self.split.tail[-1]
         self.prompts.seq_rm(slot, last.start, -1)
         decode_at(self.prompts, slot, last, want_logits=True)

@@ -71,6 +71,14 @@ def markup_from_template(template: str | None, *, bos_token: str = "", eos_token
     return RoleMarkup(prefix, suffix, generation, from_template=True)
 
 
+def template_renderer(template: str, *, eos_token: str = ""):
+    """Returns render(messages, add_generation_prompt) -> str of a Jinja chat template, BOS rendered as nothing.
+
+    BOS is the layout's job (Tokenizer.bos_id at position 0), as for PML roles.
+    """
+    return _renderer(template, bos_token="", eos_token=eos_token)
+
+
 def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 

@@ -1,0 +1,221 @@
+"""A conversation as the scheduler runs it: the cells of its earlier turns reused, only the new messages computed.
+
+Where the earlier turns' cells come from, best first:
+- a free slot's stream that still holds them (the conversation's last turn, or another one
+  sharing its first messages): kept up to the longest common prefix that ends on a call
+  boundary (pc_cpu.pml.chat), or whole with the answer's cells as they were generated;
+- a stored tip: after each answer, once the scheduler is idle, the answer is computed again as
+  a full prefill computes it (one call after the cells before it), and the conversation's
+  cells up to the answer's end are stored under a digest of their tokens and calls. The next
+  turn finds them by its own tokens, in RAM or on disk, in this process or the next one.
+  Cells up to any call boundary are the same bytes however they were made, so a turn that
+  restores them and decodes the rest in the same calls answers as the full prefill does;
+- nothing: the conversation is computed whole, in the full prefill's calls.
+
+Exactness: a turn answers token for token as the full prefill of the same messages when its
+history's cells are the full prefill's, which they are once the last answer's repair has run
+(a decode of the answer's tokens while nothing else runs, a fraction of a second). A turn sent
+before that reuses the answer's cells as they were generated, one token at a time: the same
+tokens, but llama.cpp's CPU kernels give other bits for one row than for a batch, so a near-tie
+can go the other way (bench/RESULTS.md, "Conversations", measures how often).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pc_cpu.engine.cell_store import CellStore
+from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
+from pc_cpu.pml.chat import CHAT_MODE, ChatPrompt, prefix_digests
+from pc_cpu.result import Tier
+from pc_cpu.store.keys import StoreKey
+
+CONVERSATION = "#conversation"  # the key of a conversation's history in a Result's tiers
+_HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, tokens, exact_until)
+
+
+@dataclass(frozen=True)
+class Found:
+    """Stored cells that serve a turn: a tip's blob, how many of its cells the turn keeps, its tier."""
+
+    blob: bytes
+    keep: int
+    tier: Tier
+
+
+class ConversationCells:
+    """Finds and keeps conversations' cells in the byte tiers: tips keyed by their tokens and calls.
+
+    A tip is stored once per turn, and the tips it extends are dropped (their cells are its
+    first cells): a conversation costs its cells once, however many turns it has. Their keys
+    stay findable in this process through `_index` (digest of a prefix -> the tip holding it),
+    so an edited conversation still restores the turns before the edit; a new process finds a
+    conversation by its latest tip.
+    """
+
+    def __init__(self, cells: CellStore, model_id: str, *, can_cut: bool):
+        self.cells = cells
+        self.model_id = model_id
+        self.can_cut = can_cut  # False on sliding-window models: a stream cut short misses window cells
+        self._index: dict[str, tuple[StoreKey, int]] = {}
+
+    def key(self, digest: str, n_tokens: int) -> StoreKey:
+        return StoreKey(self.model_id, digest, CHAT_MODE, label=f"conversation ({n_tokens} tokens)")
+
+    def find(self, prompt: ChatPrompt) -> Found | None:
+        """Returns the stored cells that serve most of `prompt` (up to a call boundary), or None."""
+        cuts = prompt.cuts
+        digests = prefix_digests(prompt.tokens, cuts, cuts)
+        for cut in sorted(cuts, reverse=True):
+            key = self.key(digests[cut], cut)
+            stored = self.cells.get(key, (0, cut))
+            if stored is not None:
+                return Found(stored[0], cut, stored[1])
+            tip = self._index.get(digests[cut])
+            if tip is not None and self.can_cut:
+                stored = self.cells.get(tip[0], (0, tip[1]))
+                if stored is not None:
+                    return Found(stored[0], cut, stored[1])
+        return None
+
+    def save(self, prompt: ChatPrompt, end: int, slot: int) -> None:
+        """Stores stream `slot`'s cells, `prompt`'s first `end`, as a tip; drops the stored tips it extends."""
+        cuts = tuple(cut for cut in prompt.cuts if cut < end)
+        digests = prefix_digests(prompt.tokens, cuts, cuts + (end,))
+        tip = self.key(digests[end], end)
+        self.cells.put(tip, slot, end, (0, end))
+        self._index[digests[end]] = (tip, end)
+        for cut in cuts:
+            self._index[digests[cut]] = (tip, end)
+            older = self.key(digests[cut], cut)
+            if self.can_cut and self.cells.store.contains(older):
+                self.cells.store.remove(older)
+
+
+@dataclass
+class ChatWork:
+    """A turn of a conversation (a pc_cpu.engine.prompt_work.PromptWork)."""
+
+    prompt: ChatPrompt
+    cells: ConversationCells
+    answered: Callable[[str], ChatPrompt | None]  # the next turn's history once this answer is sent back as text
+    use_cache: bool
+    _found: Found | None = None
+    _kept: int = 0  # cells reused: restored or held
+    _exact_until: int = 0  # after prefill: the cells before it are the full prefill's
+
+    def positions(self) -> int:
+        return self.prompt.end
+
+    def prepare(self) -> dict[str, Tier]:
+        if not self.use_cache:
+            return {}
+        self._found = self.cells.find(self.prompt)
+        return {CONVERSATION: self._found.tier if self._found else Tier.ENCODED}
+
+    def prefill(self, slot: int) -> int:
+        prompts = self.cells.cells.prompts
+        prompts.seq_rm(slot)
+        found, self._found = self._found, None
+        start = 0
+        if found is not None:
+            self.cells.cells.restore(found.blob, slot)
+            prompts.seq_rm(slot, found.keep, -1)
+            start = found.keep
+        self._kept = start
+        self._exact_until = self.prompt.end
+        return self._decode_from(slot, start)
+
+    def _decode_from(self, slot: int, start: int) -> int:
+        """Decodes the prompt's calls from `start` (a call boundary) in stream `slot`; returns its end."""
+        prompts, tokens = self.cells.cells.prompts, self.prompt.tokens
+        calls = self.prompt.calls_from(start)
+        for i, (lo, hi) in enumerate(calls):
+            prompts.decode(tokens[lo:hi], range(lo, hi), slot, logits_last=i == len(calls) - 1)
+        return self.prompt.end
+
+    def head(self) -> Head | None:
+        return None  # reused by common prefix (reusable), not by an equal head
+
+    def reusable(self, held: Head) -> int:
+        return self._reuse(held)[0]
+
+    def _reuse(self, held: Head) -> tuple[int, int]:
+        """Returns the held cells this turn keeps and where its cells stop being the full prefill's then."""
+        if not self.use_cache or not held.cells or held.cells[0] != _HEAD:
+            return 0, 0
+        _, tokens, exact_until = held.cells
+        prompt = self.prompt
+        lcp = _common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
+        exact = prompt.cut_at_or_before(min(lcp, exact_until))
+        # The whole stream, its last answer as generated, when the turn sends that answer back unchanged.
+        generated = lcp if lcp == len(tokens) and lcp in prompt.cuts and lcp > exact else 0
+        keep, exact_after = (generated, exact_until) if generated else (exact, prompt.end)
+        if not self.cells.can_cut and keep != len(tokens):
+            return 0, 0
+        return keep, exact_after
+
+    def prefill_tail(self, slot: int, held: Head) -> int:
+        keep, self._exact_until = self._reuse(held)
+        self.cells.cells.prompts.seq_rm(slot, keep, -1)
+        self._kept = keep
+        return self._decode_from(slot, keep)
+
+    def held_tiers(self) -> dict[str, Tier]:
+        return {CONVERSATION: Tier.CONTEXT}
+
+    def counts(self) -> Counts:
+        if not self.use_cache:
+            return Counts(0, self.prompt.end, ())
+        return Counts(self._kept, self.prompt.end - self._kept, ())
+
+    def kept_head(self, answer: Answer) -> Head | None:
+        if not self.use_cache:
+            return None  # the baseline leaves nothing behind: a cached turn after it must not find its cells
+        tokens = self.prompt.tokens + answer.tokens[:answer.decoded]
+        return Head((_HEAD, tokens, min(self._exact_until, len(tokens))), len(tokens))
+
+    def idle_task(self, answer: Answer) -> IdleTask | None:
+        """Returns the repair of this turn: its answer computed again as the full prefill does, then stored; or None.
+
+        None for the baseline, a cancelled answer, an empty one, or a template whose next turn does
+        not start with this one's tokens and the answer (nothing would reuse the repair).
+        """
+        if not self.use_cache or answer.finish_reason == "cancelled" or not answer.text:
+            return None
+        following = self.answered(answer.text)
+        prompt = self.prompt
+        if (following is None or not following.answers or following.answers[-1][0] != prompt.end
+                or following.tokens[:prompt.end] != prompt.tokens):
+            return None
+        end = following.answers[-1][1]
+        start = self._exact_until
+        tokens = following.tokens[:end]
+        cells = self.cells
+
+        def save(slot: int) -> Head:
+            cells.save(following, end, slot)
+            return Head((_HEAD, tokens, end), end)
+
+        def stopped(done: int) -> Head:
+            return Head((_HEAD, tokens[:done], done), done)
+
+        return IdleTask(("conversation", tokens), tokens[start:], save, start=start,
+                        base=self.kept_head(answer), calls=tuple(c for c in following.cuts if start < c < end),
+                        stopped=stopped)
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
+    """Returns how many first tokens `a` and `b` share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,224 @@
+"""Gives a conversation's tokens as the model's chat template lays them out, and where its cells can be reused.
+
+    chat = ChatTemplate(model.chat_template())
+    prompt = chat_prompt(check_messages([{"role": "user", "content": "Hi"}]), chat, tokenizer)
+    prompt.tokens, prompt.calls   # BOS, the rendered turns, the assistant's opening; the decode calls
+
+A conversation is rendered by the model's own template (GGUF `tokenizer.chat_template`),
+whole, as llama.cpp's server renders it. Its tokens are then made piece by piece: the
+template's markup with control tokens parsed, each message's content as plain text, so
+that a user who types "<|im_start|>" gets those characters, not a control token. (A
+template that rewrites content in other ways than trimming it is tokenized whole.)
+
+Calls: the decode calls of a full prefill. Each assistant content is a call of its own,
+and so is the text between two of them. A turn's answer is computed one token at a time
+while it is generated, and the next turn sends it back as text: with answers their own
+calls, the cells of every call depend only on the calls before it, so a conversation's
+cells up to any call boundary are the same bytes however they were reached (a stream
+kept since the last turn, a stored tip, a full prefill), and a turn that restores them
+and decodes the rest in the same calls answers exactly as the full prefill does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from pc_cpu.errors import PromptError
+from pc_cpu.pml.tokenizer import Tokenizer
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_MODE = "chat"  # the store's mode for a conversation's cells
+
+_MARK = "PCCHAT{}MARK"  # content stand-ins: no spaces (nothing a template trims), never in real text
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of a conversation: its role (system, user or assistant) and its text."""
+
+    role: str
+    content: str
+
+
+def check_messages(messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
+    """Returns the messages as ChatMessages (developer as system); raises PromptError naming the first problem.
+
+    A message is an OpenAI-style dict ({"role": ..., "content": ...}; content a string or a list of
+    {"type": "text", "text": ...} parts) or a ChatMessage. The last message must be the user's: the
+    assistant's turn is then opened for the answer.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise PromptError("messages is empty: send a list of messages ending with the user's, "
+                          'e.g. [{"role": "user", "content": "Hello"}]')
+    checked = tuple(_message(m, i) for i, m in enumerate(messages))
+    if checked[-1].role != "user":
+        raise PromptError(f"the last message (message {len(checked) - 1}) is the {checked[-1].role}'s; "
+                          "end with the user's message, which the answer replies to")
+    if not any(m.content.strip() for m in checked if m.role == "user"):
+        raise PromptError("every user message is empty: write something for the model to answer")
+    return checked
+
+
+def _message(message: Any, index: int) -> ChatMessage:
+    if isinstance(message, ChatMessage):
+        role, content = message.role, message.content
+    elif isinstance(message, dict):
+        role, content = message.get("role"), message.get("content")
+    else:
+        raise PromptError(f"message {index} is a {type(message).__name__}; send a dict with 'role' and 'content'")
+    if role not in ROLES:
+        raise PromptError(f"message {index} has role {role!r}; use one of {', '.join(ROLES)}")
+    text = _content_text(content, index)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"message {index}'s content holds {text[exc.start:exc.end]!r} at character "
+                          f"{exc.start}, which UTF-8 cannot encode (a lone surrogate); send valid Unicode") from None
+    return ChatMessage(ROLES[role], text)
+
+
+def _content_text(content: Any, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise PromptError(f"message {index} has a content part of type {kind!r}; only text parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise PromptError(f"message {index}'s content is a {type(content).__name__}; send a string")
+
+
+class ChatTemplate:
+    """Renders conversations with a model's Jinja chat template (no template: a plain `Role: text` layout)."""
+
+    def __init__(self, template: str | None, *, eos_token: str = ""):
+        self.source = template
+        if template:
+            from pc_cpu.pml.roles import template_renderer  # jinja2 only where a template is used
+            self._render: Callable[[list[dict], bool], str] = template_renderer(template, eos_token=eos_token)
+        else:
+            self._render = _plain_render
+
+    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+        """Returns the template's text of the conversation (BOS left out: the layout adds its token)."""
+        return self._render([{"role": m.role, "content": m.content} for m in messages], add_generation_prompt)
+
+
+def _plain_render(messages: list[dict], add_generation_prompt: bool) -> str:
+    # "Assistant:" with no space, as the generation prompt ends: an answer starts with its own space token.
+    text = "".join(f"Assistant:{m['content']}\n" if m["role"] == "assistant" else
+                   f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
+    return text + ("Assistant:" if add_generation_prompt else "")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation's tokens, the full prefill's decode calls over them, and where each answer lies."""
+
+    tokens: tuple[int, ...]
+    calls: tuple[tuple[int, int], ...]  # [start, end) spans covering the tokens in order
+    answers: tuple[tuple[int, int], ...]  # the assistant contents' spans (each one call)
+
+    @property
+    def end(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """Returns the call boundaries (0 and the end excluded): where reused cells may stop."""
+        return tuple(start for start, _ in self.calls[1:])
+
+    def calls_from(self, start: int) -> tuple[tuple[int, int], ...]:
+        """Returns the calls that compute the tokens from `start` (a call boundary) to the end."""
+        return tuple(call for call in self.calls if call[0] >= start)
+
+    def cut_at_or_before(self, n: int) -> int:
+        """Returns the last call boundary at or before position `n` (0 when there is none)."""
+        return max((cut for cut in self.cuts if cut <= n), default=0)
+
+
+def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer, *,
+                add_generation_prompt: bool = True) -> ChatPrompt:
+    """Returns the ChatPrompt of checked messages (check_messages) as `template` renders them.
+
+    Raises:
+        PromptError: the template cannot render these messages (its own error, e.g. roles out of order).
+    """
+    try:
+        rendered = template.render(messages, add_generation_prompt)
+        marked = template.render([ChatMessage(m.role, _MARK.format(i)) for i, m in enumerate(messages)],
+                                 add_generation_prompt)
+    except Exception as exc:  # jinja2's TemplateError, or a template's raise_exception
+        raise PromptError(f"the model's chat template refuses these messages: {exc}; check their roles and "
+                          "order (most templates want user and assistant to alternate)") from None
+    bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+    pieces = _pieces(marked, messages, rendered)
+    if pieces is None:  # the template rewrites content: tokenized whole, control tokens parsed as llama.cpp does
+        tokens = tuple(bos + tokenizer.tokenize(rendered, special=True))
+        return ChatPrompt(tokens, ((0, len(tokens)),), ())
+    tokens, answers = list(bos), []
+    for text, message in pieces:
+        start = len(tokens)
+        tokens += tokenizer.tokenize(text, special=message is None)
+        if message is not None and message.role == "assistant" and len(tokens) > start:
+            answers.append((start, len(tokens)))
+    return ChatPrompt(tuple(tokens), _calls(len(tokens), answers), tuple(answers))
+
+
+def _pieces(marked: str, messages: Sequence[ChatMessage], rendered: str) -> list | None:
+    """Returns the rendering as (text, message or None for markup) pieces, or None when content is rewritten.
+
+    A template may trim content (Gemma's does): the stripped text is then the piece.
+    """
+    pieces, rest = [], marked
+    for i, message in enumerate(messages):
+        mark = _MARK.format(i)
+        if rest.count(mark) != 1:  # a template that drops or repeats a message: tokenized whole
+            return None
+        before, rest = rest.split(mark)
+        pieces += [(before, None), (message.content, message)]
+    pieces.append((rest, None))
+    for trim in (False, True):
+        candidate = [(text.strip() if trim and m is not None else text, m) for text, m in pieces]
+        if "".join(text for text, _ in candidate) == rendered:
+            return [(text, m) for text, m in candidate if text]
+    return None
+
+
+def _calls(n: int, answers: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Returns the spans [0, n) is decoded in: each answer alone, and the text between them."""
+    bounds = sorted({0, n, *(b for span in answers for b in span)})
+    return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+def conversation_content(tokens: Sequence[int], cuts: Sequence[int]) -> str:
+    """Returns the content digest of a conversation's cells: its tokens at 0..n-1, computed in calls ending at `cuts`.
+
+    A running hash: `prefix_digests` gives the digest of every prefix in one pass.
+    """
+    return prefix_digests(tokens, cuts, (len(tokens),))[len(tokens)]
+
+
+def prefix_digests(tokens: Sequence[int], cuts: Sequence[int], ends: Sequence[int]) -> dict[int, str]:
+    """Returns {end: digest of tokens[:end] with the cuts before it} for each of `ends`, in one pass."""
+    # Each token hashed as 2*token + 1 where a call starts: the same tokens decoded in other
+    # calls are other cells, so another digest.
+    marked = array("q", (2 * token for token in tokens))
+    for cut in cuts:
+        if 0 < cut < len(marked):
+            marked[cut] += 1
+    digest = hashlib.sha256(b"pc_cpu.chat/1")
+    out, pos = {}, 0
+    for end in sorted(set(ends)):
+        digest.update(marked[pos:end].tobytes())
+        pos = end
+        out[end] = digest.copy().hexdigest()
+    return out
