@@ -30,6 +30,7 @@ from pc_cpu.documents import Documents
 from pc_cpu.engine.blend import Blender, LazyBlender
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.chat_prompt import ChatWork, ConversationCells
+from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.context import Context, ContextConfig
 from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
@@ -369,7 +370,8 @@ class PromptCache:
                                    use_cache=options.use_cache, prefix=prefix)
         return self._submit(work, sampling, options, t0)
 
-    def chat(self, messages: Sequence, options: GenerationOptions | None = None, **overrides) -> Result:
+    def chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
+             documents: Sequence[str] | None = None, **overrides) -> Result:
         """Returns the model's answer to a conversation: OpenAI-style messages, the last one the user's.
 
         messages: dicts {"role": "system" | "developer" | "user" | "assistant", "content": str}
@@ -385,18 +387,26 @@ class PromptCache:
         decode calls; a turn whose history was stored answers token for token as it does.
         Generation options as for `generate` (recompute does not apply).
 
+        documents: ids or names of documents (add_document), placed at the start of the first user
+        message, before its text, as `ask` places them before the question. The first turn takes
+        their cells as `ask` does (the exact prefix when one is stored, else the documents encoded
+        apart); a follow-up reuses that whole turn, documents, question and answer. Send the same
+        documents with every turn of the conversation.
+
         Raises:
             PromptError: no messages, an unknown role, a last message that is not the user's, text
                 UTF-8 cannot encode, or messages the chat template refuses.
             ContextOverflowError: the conversation and one answer token need more positions than a
                 prompt holds (n_ctx); drop its oldest turns (keep the system message) or raise n_ctx.
         """
-        stream = self.stream_chat(messages, GenerationOptions.of(options, overrides, method="chat"))
+        stream = self.stream_chat(messages, GenerationOptions.of(options, overrides, method="chat"),
+                                  documents=documents)
         for _ in stream:
             pass
         return stream.result
 
-    def stream_chat(self, messages: Sequence, options: GenerationOptions | None = None, **overrides) -> "Stream":
+    def stream_chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
+                    documents: Sequence[str] | None = None, **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `chat`.
 
         Closing it early (a client that went away) keeps the turn's cells computed so far for the next turn.
@@ -408,7 +418,14 @@ class PromptCache:
                                    "conversation reuses its earlier turns as they were computed: leave it out")
         sampling = _sampling(options)
         checked = check_messages(messages)
-        prompt = self.chat_prompt(checked)
+        placed = ()
+        if documents:
+            if options.use_cache:
+                self.documents.check_supported()
+            with self._lock:  # as every library read of the façade
+                docs = self.documents.resolve(documents)
+            placed = tuple((doc.id, self.documents.tokens(doc.text)) for doc in docs)
+        prompt = chat_prompt(checked, self.chat_template, self.model, documents=placed)
         if prompt.end + 1 > self.prompts.n_ctx:
             raise ContextOverflowError(
                 f"the conversation is {prompt.end:,} tokens and a prompt holds {self.prompts.n_ctx:,} with its "
@@ -416,17 +433,25 @@ class PromptCache:
 
         def answered(text: str) -> ChatPrompt | None:
             try:
-                return self.chat_prompt(checked + (ChatMessage("assistant", text),), add_generation_prompt=False)
+                return chat_prompt(checked + (ChatMessage("assistant", text),), self.chat_template, self.model,
+                                   documents=placed, add_generation_prompt=False)
             except PromptCacheError:
                 return None
 
-        work = ChatWork(prompt, self._conversations, answered, options.use_cache)
+        document_work = None
+        if prompt.documents is not None:
+            document_work = DocumentWork(prompt.documents, self.documents.encoder, options.use_cache, "background")
+        work = ChatWork(prompt, self._conversations, answered, options.use_cache, document_work)
         return self._submit(work, sampling, options, t0)
 
     def chat_prompt(self, messages: Sequence, *, add_generation_prompt: bool = True) -> ChatPrompt:
-        """Returns a conversation's tokens and decode calls as `chat` lays them out (pc_cpu.pml.chat); computes nothing."""
-        return chat_prompt(check_messages(messages) if add_generation_prompt else tuple(messages),
-                           self.chat_template, self.model, add_generation_prompt=add_generation_prompt)
+        """Returns a conversation's tokens and decode calls as `chat` lays them out (pc_cpu.pml.chat); computes nothing.
+
+        add_generation_prompt=False lays out a finished conversation (its last message may be the
+        assistant's): where a next turn finds each answer's tokens (ChatPrompt.answers).
+        """
+        checked = check_messages(messages, finished=not add_generation_prompt)
+        return chat_prompt(checked, self.chat_template, self.model, add_generation_prompt=add_generation_prompt)
 
     def _document_setting(self, setting: str | None, recompute, order: str | None, prefix: str | None) -> tuple:
         """Returns the (recompute, order, prefix) `ask` uses: the named setting's for this model, else the ones given.

@@ -286,6 +286,96 @@ def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
 
 
 @cli.command()
+@click.option("--doc", "docs", multiple=True, metavar="FILE",
+              help="A text file (UTF-8) the conversation is about (repeatable): encoded once and kept in the store, "
+                   "as for `ask`, and placed before the first message.")
+@click.option("--system", default=None, help="A system message.")
+@model_option
+@generation_options
+@ctx_option
+@threads_option
+@store_option
+@no_store_option
+@verbose_option
+def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, n_ctx, threads, store_dir,
+         no_store, verbose):
+    """Talk with the model: each line read is a message, each answer streams back; the history is kept.
+
+    Each turn reuses the cells of the turns before it, so it computes only the new message:
+    stderr shows each turn's time to first token and its cached and computed tokens. Ctrl-C
+    stops an answer (the conversation goes on), Ctrl-D (end of input) leaves. Lines can also
+    come from a pipe: printf 'Hi\nAnd then?\n' | pc-cpu chat
+
+    Example: pc-cpu chat --model qwen2.5-coder-0.5b --doc notes.md
+    """
+    files = [(path, _read_document(path)) for path in docs]  # before the model loads: a mistake fails fast
+    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
+        ids = None
+        if files:
+            _check_names(pc, files)
+            ids, _ = _add_documents(pc, files, system)
+        messages = [{"role": "system", "content": system}] if system else []
+        options = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                       stop=stop, use_cache=not no_cache)
+        interactive = sys.stdin.isatty()
+        while (line := _read_message(interactive)) is not None:
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            answer = _chat_turn(pc, messages, ids, options)
+            if answer is None:
+                messages.pop()  # refused: the conversation stays as it was
+            else:
+                messages.append({"role": "assistant", "content": answer})
+
+
+def _read_message(interactive: bool) -> str | None:
+    """Returns the next line of stdin without its newline, or None at its end (Ctrl-D); Ctrl-C at the prompt clears it."""
+    while True:
+        if interactive:
+            click.echo("> ", nl=False, err=True)
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:
+            click.echo(err=True)
+            continue
+        if not line:
+            if interactive:
+                click.echo(err=True)
+            return None
+        return line.rstrip("\r\n")
+
+
+def _chat_turn(pc, messages: list[dict], documents, options: dict) -> str | None:
+    """Returns the answer's text after streaming it to stdout (cut short by Ctrl-C), or None when the turn is refused.
+
+    A refused turn (a history over the context, say) is one `error:` line on stderr; the loop goes on.
+    """
+    try:
+        stream = pc.stream_chat(messages, documents=documents, **options)
+        pieces = []
+        try:
+            for piece in stream:
+                pieces.append(piece)
+                click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            stream.close()  # the cells computed so far stay for the next turn
+            click.echo()
+            click.echo("[answer stopped]", err=True)
+            return "".join(pieces)
+    except PromptCacheError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return None
+    click.echo()
+    result = stream.result
+    served = ", ".join(sorted({str(tier) for tier in result.tiers.values()}))
+    click.echo(f"[ttft {result.ttft_ms:.0f} ms | {result.cached_tokens} cached + {result.uncached_tokens} computed "
+               f"prompt tokens{f' ({served})' if served else ''} | {len(result.token_ids)} tokens in "
+               f"{result.total_ms:.0f} ms]", err=True)
+    return result.text
+
+
+@cli.command()
 @click.argument("schema")
 @model_option
 @click.option("--json", "as_json", is_flag=True, help="Print {schema, length, nodes} as JSON.")

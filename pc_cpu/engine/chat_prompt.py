@@ -26,22 +26,25 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pc_cpu.engine.cell_store import CellStore
+from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
 from pc_cpu.pml.chat import CHAT_MODE, ChatPrompt, prefix_digests
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
 CONVERSATION = "#conversation"  # the key of a conversation's history in a Result's tiers
-_HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, tokens, exact_until)
+_HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, how, tokens, exact_until)
+ASSEMBLED = "documents"  # `how` of cells whose documents were encoded apart and moved (pml.chat.prefix_digests)
 
 
 @dataclass(frozen=True)
 class Found:
-    """Stored cells that serve a turn: a tip's blob, how many of its cells the turn keeps, its tier."""
+    """Stored cells that serve a turn: a tip's blob, how many of its cells the turn keeps, its tier, how they were made."""
 
     blob: bytes
     keep: int
     tier: Tier
+    how: str
 
 
 class ConversationCells:
@@ -63,26 +66,31 @@ class ConversationCells:
     def key(self, digest: str, n_tokens: int) -> StoreKey:
         return StoreKey(self.model_id, digest, CHAT_MODE, label=f"conversation ({n_tokens} tokens)")
 
-    def find(self, prompt: ChatPrompt) -> Found | None:
-        """Returns the stored cells that serve most of `prompt` (up to a call boundary), or None."""
-        cuts = prompt.cuts
-        digests = prefix_digests(prompt.tokens, cuts, cuts)
-        for cut in sorted(cuts, reverse=True):
-            key = self.key(digests[cut], cut)
-            stored = self.cells.get(key, (0, cut))
-            if stored is not None:
-                return Found(stored[0], cut, stored[1])
-            tip = self._index.get(digests[cut])
-            if tip is not None and self.can_cut:
-                stored = self.cells.get(tip[0], (0, tip[1]))
-                if stored is not None:
-                    return Found(stored[0], cut, stored[1])
+    def find(self, prompt: ChatPrompt, *, at_least: int = 0) -> Found | None:
+        """Returns the stored cells that serve most of `prompt` (up to a call boundary past `at_least`), or None."""
+        cuts = tuple(cut for cut in prompt.cuts if cut > at_least)
+        for how in ("", ASSEMBLED) if prompt.documents is not None else ("",):
+            digests = prefix_digests(prompt.tokens, prompt.cuts, cuts, how=how)
+            for cut in sorted(cuts, reverse=True):
+                found = self._stored(digests[cut], cut)
+                if found is not None:
+                    return Found(found[0], cut, found[1], how)
         return None
 
-    def save(self, prompt: ChatPrompt, end: int, slot: int) -> None:
+    def _stored(self, digest: str, cut: int) -> tuple[bytes, Tier] | None:
+        """Returns the cells of a tip holding the prefix `digest` (`cut` tokens) and their tier, or None."""
+        stored = self.cells.get(self.key(digest, cut), (0, cut))
+        if stored is not None:
+            return stored
+        tip = self._index.get(digest)
+        if tip is None or not self.can_cut:
+            return None
+        return self.cells.get(tip[0], (0, tip[1]))
+
+    def save(self, prompt: ChatPrompt, end: int, slot: int, how: str) -> None:
         """Stores stream `slot`'s cells, `prompt`'s first `end`, as a tip; drops the stored tips it extends."""
         cuts = tuple(cut for cut in prompt.cuts if cut < end)
-        digests = prefix_digests(prompt.tokens, cuts, cuts + (end,))
+        digests = prefix_digests(prompt.tokens, cuts, cuts + (end,), how=how)
         tip = self.key(digests[end], end)
         self.cells.put(tip, slot, end, (0, end))
         self._index[digests[end]] = (tip, end)
@@ -101,9 +109,11 @@ class ChatWork:
     cells: ConversationCells
     answered: Callable[[str], ChatPrompt | None]  # the next turn's history once this answer is sent back as text
     use_cache: bool
+    documents: DocumentWork | None = None  # the documents' cells as `ask` makes them, when nothing stored has them
     _found: Found | None = None
     _kept: int = 0  # cells reused: restored or held
-    _exact_until: int = 0  # after prefill: the cells before it are the full prefill's
+    _exact_until: int = 0  # after prefill: the cells before it are the full prefill's (or, `how`, as made here)
+    _how: str = ""  # how the cells were made (ASSEMBLED: documents encoded apart); "" as the full prefill
 
     def positions(self) -> int:
         return self.prompt.end
@@ -111,18 +121,23 @@ class ChatWork:
     def prepare(self) -> dict[str, Tier]:
         if not self.use_cache:
             return {}
-        self._found = self.cells.find(self.prompt)
+        self._found = self.cells.find(self.prompt, at_least=self.prompt.documents_end - 1)
+        if self._found is None and self.documents is not None:
+            return {**self.documents.prepare(), CONVERSATION: Tier.ENCODED}
         return {CONVERSATION: self._found.tier if self._found else Tier.ENCODED}
 
     def prefill(self, slot: int) -> int:
         prompts = self.cells.cells.prompts
         prompts.seq_rm(slot)
         found, self._found = self._found, None
-        start = 0
+        start, self._how = 0, ""
         if found is not None:
             self.cells.cells.restore(found.blob, slot)
             prompts.seq_rm(slot, found.keep, -1)
-            start = found.keep
+            start, self._how = found.keep, found.how
+        elif self.documents is not None and self.use_cache:  # the documents' cells as `ask` has them
+            start = self.documents.prefill(slot)
+            self._how = "" if self.documents.exact else ASSEMBLED
         self._kept = start
         self._exact_until = self.prompt.end
         return self._decode_from(slot, start)
@@ -145,19 +160,20 @@ class ChatWork:
         """Returns the held cells this turn keeps and where its cells stop being the full prefill's then."""
         if not self.use_cache or not held.cells or held.cells[0] != _HEAD:
             return 0, 0
-        _, tokens, exact_until = held.cells
+        _, _, tokens, exact_until = held.cells
         prompt = self.prompt
         lcp = _common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
         exact = prompt.cut_at_or_before(min(lcp, exact_until))
         # The whole stream, its last answer as generated, when the turn sends that answer back unchanged.
         generated = lcp if lcp == len(tokens) and lcp in prompt.cuts and lcp > exact else 0
         keep, exact_after = (generated, exact_until) if generated else (exact, prompt.end)
-        if not self.cells.can_cut and keep != len(tokens):
-            return 0, 0
+        if (not self.cells.can_cut and keep != len(tokens)) or keep < prompt.documents_end:
+            return 0, 0  # documents are made whole (prepare), never from part of a stream
         return keep, exact_after
 
     def prefill_tail(self, slot: int, held: Head) -> int:
         keep, self._exact_until = self._reuse(held)
+        self._how = held.cells[1]
         self.cells.cells.prompts.seq_rm(slot, keep, -1)
         self._kept = keep
         return self._decode_from(slot, keep)
@@ -174,7 +190,7 @@ class ChatWork:
         if not self.use_cache:
             return None  # the baseline leaves nothing behind: a cached turn after it must not find its cells
         tokens = self.prompt.tokens + answer.tokens[:answer.decoded]
-        return Head((_HEAD, tokens, min(self._exact_until, len(tokens))), len(tokens))
+        return Head((_HEAD, self._how, tokens, min(self._exact_until, len(tokens))), len(tokens))
 
     def idle_task(self, answer: Answer) -> IdleTask | None:
         """Returns the repair of this turn: its answer computed again as the full prefill does, then stored; or None.
@@ -191,15 +207,14 @@ class ChatWork:
             return None
         end = following.answers[-1][1]
         start = self._exact_until
-        tokens = following.tokens[:end]
-        cells = self.cells
+        tokens, cells, how = following.tokens[:end], self.cells, self._how
 
         def save(slot: int) -> Head:
-            cells.save(following, end, slot)
-            return Head((_HEAD, tokens, end), end)
+            cells.save(following, end, slot, how)
+            return Head((_HEAD, how, tokens, end), end)
 
         def stopped(done: int) -> Head:
-            return Head((_HEAD, tokens[:done], done), done)
+            return Head((_HEAD, how, tokens[:done], done), done)
 
         return IdleTask(("conversation", tokens), tokens[start:], save, start=start,
                         base=self.kept_head(answer), calls=tuple(c for c in following.cuts if start < c < end),

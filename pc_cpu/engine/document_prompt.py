@@ -131,6 +131,11 @@ class DocumentWork:
         """Returns Result.tiers saying that `tier` served the preamble and every document."""
         return {PREAMBLE: tier, **{doc.id: tier for doc in self.prompt.documents}}
 
+    @property
+    def exact(self) -> bool:
+        """Returns whether the prompt's cells are the full prefill's (its exact prefix served it), once prefilled."""
+        return self._exact is not None
+
     def held_tiers(self) -> dict[str, Tier]:
         if self._wants_exact:
             self._exact = HELD

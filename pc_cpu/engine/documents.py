@@ -195,7 +195,8 @@ class DocumentEncoder:
     def _tail(self, prompt: DocumentPrompt, slot: int) -> int:
         """Computes the prompt's tail after the cells stream `slot` holds; returns its end (the last logits ready)."""
         start = prompt.tail_start
-        self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
+        if prompt.tail:  # a conversation's documents (pc_cpu.engine.chat_prompt) have none: the turn computes it
+            self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
         return prompt.end
 
     def _assembled(self, pieces: list[Piece], n_stream: int | None = None) -> memoryview:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from pc_cpu.errors import PromptError
+from pc_cpu.pml.documents import DocumentPrompt, layout_documents
 from pc_cpu.pml.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -43,17 +44,20 @@ class ChatMessage:
     content: str
 
 
-def check_messages(messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
+def check_messages(messages: Sequence[Any], *, finished: bool = False) -> tuple[ChatMessage, ...]:
     """Returns the messages as ChatMessages (developer as system); raises PromptError naming the first problem.
 
     A message is an OpenAI-style dict ({"role": ..., "content": ...}; content a string or a list of
     {"type": "text", "text": ...} parts) or a ChatMessage. The last message must be the user's: the
-    assistant's turn is then opened for the answer.
+    assistant's turn is then opened for the answer (`finished`: any role's, a conversation laid
+    out as history).
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise PromptError("messages is empty: send a list of messages ending with the user's, "
                           'e.g. [{"role": "user", "content": "Hello"}]')
     checked = tuple(_message(m, i) for i, m in enumerate(messages))
+    if finished:
+        return checked
     if checked[-1].role != "user":
         raise PromptError(f"the last message (message {len(checked) - 1}) is the {checked[-1].role}'s; "
                           "end with the user's message, which the answer replies to")
@@ -126,6 +130,12 @@ class ChatPrompt:
     tokens: tuple[int, ...]
     calls: tuple[tuple[int, int], ...]  # [start, end) spans covering the tokens in order
     answers: tuple[tuple[int, int], ...]  # the assistant contents' spans (each one call)
+    documents: DocumentPrompt | None = None  # documents before the first user message: their layout, no tail
+
+    @property
+    def documents_end(self) -> int:
+        """Returns where the documents end (a call boundary), 0 without documents."""
+        return self.documents.tail_start if self.documents is not None else 0
 
     @property
     def end(self) -> int:
@@ -146,11 +156,17 @@ class ChatPrompt:
 
 
 def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer, *,
+                documents: Sequence[tuple[str, tuple[int, ...]]] = (),
                 add_generation_prompt: bool = True) -> ChatPrompt:
     """Returns the ChatPrompt of checked messages (check_messages) as `template` renders them.
 
+    documents: (id, tokens) pairs (pc_cpu.pml.documents.document_tokens), placed back to back
+    at the start of the first user message, before its text, as `ask` places them before the
+    question; they end a decode call, as the prefix of `ask`'s full prefill does.
+
     Raises:
-        PromptError: the template cannot render these messages (its own error, e.g. roles out of order).
+        PromptError: the template cannot render these messages (its own error, e.g. roles out of order),
+            or documents with a template that rewrites messages.
     """
     try:
         rendered = template.render(messages, add_generation_prompt)
@@ -162,15 +178,22 @@ def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokeniz
     bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
     pieces = _pieces(marked, messages, rendered)
     if pieces is None:  # the template rewrites content: tokenized whole, control tokens parsed as llama.cpp does
+        if documents:
+            raise PromptError("this model's chat template rewrites messages, so documents cannot be placed in a "
+                              "conversation with it; ask one question over them instead (ask, pc-cpu ask)")
         tokens = tuple(bos + tokenizer.tokenize(rendered, special=True))
         return ChatPrompt(tokens, ((0, len(tokens)),), ())
-    tokens, answers = list(bos), []
+    tokens, answers, placed = list(bos), [], None
     for text, message in pieces:
+        if documents and placed is None and message is not None and message.role == "user":
+            placed = layout_documents(tuple(tokens), list(documents), ())
+            tokens += [token for _, doc in documents for token in doc]
         start = len(tokens)
         tokens += tokenizer.tokenize(text, special=message is None)
         if message is not None and message.role == "assistant" and len(tokens) > start:
             answers.append((start, len(tokens)))
-    return ChatPrompt(tuple(tokens), _calls(len(tokens), answers), tuple(answers))
+    bounds = [placed.tail_start] if placed is not None else []
+    return ChatPrompt(tuple(tokens), _calls(len(tokens), answers, bounds), tuple(answers), placed)
 
 
 def _pieces(marked: str, messages: Sequence[ChatMessage], rendered: str) -> list | None:
@@ -193,29 +216,26 @@ def _pieces(marked: str, messages: Sequence[ChatMessage], rendered: str) -> list
     return None
 
 
-def _calls(n: int, answers: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Returns the spans [0, n) is decoded in: each answer alone, and the text between them."""
-    bounds = sorted({0, n, *(b for span in answers for b in span)})
+def _calls(n: int, answers: list[tuple[int, int]], more: Sequence[int] = ()) -> tuple[tuple[int, int], ...]:
+    """Returns the spans [0, n) is decoded in: each answer alone, and the text between them (also cut at `more`)."""
+    bounds = sorted({0, n, *more, *(b for span in answers for b in span)})
     return tuple(zip(bounds[:-1], bounds[1:]))
 
 
-def conversation_content(tokens: Sequence[int], cuts: Sequence[int]) -> str:
-    """Returns the content digest of a conversation's cells: its tokens at 0..n-1, computed in calls ending at `cuts`.
+def prefix_digests(tokens: Sequence[int], cuts: Sequence[int], ends: Sequence[int], *, how: str = "") -> dict[int, str]:
+    """Returns {end: the content digest of the cells of tokens[:end]} for each of `ends`, in one pass.
 
-    A running hash: `prefix_digests` gives the digest of every prefix in one pass.
+    The cells depend on the tokens, on the calls they were decoded in (`cuts`: where each call
+    starts) and on `how` they were made beyond that ("": as the full prefill; "documents": with
+    documents encoded apart and moved into place).
     """
-    return prefix_digests(tokens, cuts, (len(tokens),))[len(tokens)]
-
-
-def prefix_digests(tokens: Sequence[int], cuts: Sequence[int], ends: Sequence[int]) -> dict[int, str]:
-    """Returns {end: digest of tokens[:end] with the cuts before it} for each of `ends`, in one pass."""
     # Each token hashed as 2*token + 1 where a call starts: the same tokens decoded in other
     # calls are other cells, so another digest.
     marked = array("q", (2 * token for token in tokens))
     for cut in cuts:
         if 0 < cut < len(marked):
             marked[cut] += 1
-    digest = hashlib.sha256(b"pc_cpu.chat/1")
+    digest = hashlib.sha256(f"pc_cpu.chat/1 {how}".encode())
     out, pos = {}, 0
     for end in sorted(set(ends)):
         digest.update(marked[pos:end].tobytes())

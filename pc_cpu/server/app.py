@@ -1,7 +1,7 @@
 """Gives the FastAPI app of `pc-cpu serve`: OpenAI-style completions over one PromptCache.
 
-Routes: POST /v1/completions (a PML prompt), POST /v1/chat/completions (messages importing a
-schema's modules, or a question over `documents`), POST|GET /v1/schemas, DELETE /v1/schemas/{name},
+Routes: POST /v1/completions (a PML prompt), POST /v1/chat/completions (a conversation, its
+history reused between turns; or messages importing a schema's modules; or a question over `documents`), POST|GET /v1/schemas, DELETE /v1/schemas/{name},
 POST|GET /v1/documents, DELETE /v1/documents/{id or name}, GET /v1/models, GET /health.
 `stream: true` answers with server-sent events (`data: {chunk}`, then `data: [DONE]`).
 
@@ -210,6 +210,9 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,
                                                        setting=body.setting, order=body.order,
                                                        prefix=body.prefix))
+        elif body.schema_name is None:
+            messages = body.conversation()
+            feed = feeds.open(lambda: cache.stream_chat(messages, options))
         else:
             layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)

@@ -1,11 +1,14 @@
 """Gives the OpenAI-style wire shapes of the server: request bodies and the JSON of answers and chunks.
 
 Differences from OpenAI, on purpose:
-- `prompt` (completions) is a PML `<prompt schema="...">` document; chat needs `schema`, the name
-  of a loaded schema whose modules the messages import (see pc_cpu.server.chat), or instead
-  `documents`, ids or names of documents added with POST /v1/documents: the answer then comes
-  from PromptCache.ask, and the messages must be any system (or developer) messages, whose
-  texts joined are the system message, then one user message, the question.
+- `prompt` (completions) is a PML `<prompt schema="...">` document. Chat takes any conversation
+  (system/developer, user and assistant messages, the last one the user's), answered with the
+  model's own chat template by PromptCache.chat, which reuses the cells of the turns it has seen
+  (`usage.prompt_tokens_details.cached_tokens` counts them). With `schema`, the name of a loaded
+  schema, the messages import its modules instead (see pc_cpu.server.chat); with `documents`, ids
+  or names of documents added with POST /v1/documents, the answer comes from PromptCache.ask,
+  and the messages must be any system (or developer) messages, whose texts joined are the system
+  message, then one user message, the question.
 - `temperature` defaults to 0 (greedy, reproducible), not 1; `max_tokens` defaults to 256.
 - Extensions: `top_k` (0: off), `use_cache` (false: full prefill of the same tokens, the baseline),
   `recompute` (cached module tokens to compute again, e.g. "tail:32" or "select:10%"; see
@@ -164,10 +167,7 @@ class ChatRequest(SamplingRequest):
             if self.setting is not None or self.order is not None or self.prefix is not None:
                 raise ValueError("`setting`, `order` and `prefix` are for questions over `documents`; send "
                                  "`documents` too, or leave them out")
-            if self.schema_name is None:
-                raise ValueError("send `schema` (a loaded schema the messages import from) or `documents` "
-                                 "(ids or names of documents to answer from, see POST /v1/documents)")
-            return self
+            return self  # a schema's prompt, or without one a plain conversation
         if self.schema_name is not None:
             raise ValueError("send `schema` or `documents`, not both: a question over documents uses no schema")
         if self.prefix is not None and self.prefix not in PREFIXES:
@@ -183,6 +183,10 @@ class ChatRequest(SamplingRequest):
         if self.max_tokens is None and self.max_completion_tokens is not None:
             options = dataclasses.replace(options, max_tokens=self.max_completion_tokens)
         return options
+
+    def conversation(self) -> list[dict]:
+        """Returns the messages as OpenAI-style dicts with their text parts joined, for PromptCache.chat."""
+        return [{"role": m.role, "content": m.message(i).text} for i, m in enumerate(self.messages)]
 
     def question(self) -> tuple[str, str | None]:
         """Returns the question (the user message) and the system message (None without one), for documents."""

@@ -184,7 +184,8 @@ def test_a_schema_larger_than_the_context_is_400(client):
     ("missing prompt", {"json": {"max_tokens": 3}}),
     ("wrong type", {"json": {"prompt": DOC_PROMPT, "max_tokens": "many"}}),
     ("bad json", {"content": b"{not json", "headers": {"content-type": "application/json"}}),
-    ("chat without schema", {"json": {"messages": [{"role": "user", "content": "x"}]}}),
+    ("chat without messages", {"json": {"max_tokens": 3}}),
+    ("chat with no message", {"json": {"messages": []}}),
 ])
 def test_malformed_bodies_are_422_json(client, content, kwargs):
     url = "/v1/chat/completions" if "chat" in content else "/v1/completions"

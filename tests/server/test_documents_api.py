@@ -221,9 +221,9 @@ def test_setting_and_order_with_documents_answer_as_ask_does_and_without_documen
     assert "`setting`, `order` and `prefix` are for questions over `documents`" in error["message"]
 
 
-def test_chat_without_schema_or_documents_is_422_naming_both(http):
-    error = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 422)
-    assert "`schema`" in error["message"] and "`documents`" in error["message"]
+def test_chat_without_schema_or_documents_is_a_plain_conversation(http):
+    answer = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
 
 
 @pytest.mark.parametrize("stream", [False, True])

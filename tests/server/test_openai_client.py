@@ -40,3 +40,31 @@ def test_errors_raise_the_clients_bad_request(oai):
     with pytest.raises(openai.BadRequestError, match="not loaded"):
         oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                     extra_body={"schema": "nope"})
+
+
+CONVERSATION = [{"role": "system", "content": "You answer briefly."},
+                {"role": "user", "content": "Name a boat."}]
+
+
+def test_plain_chat_answers_as_the_full_prefill_and_reuses_the_previous_turn(oai, server_cache):
+    first = oai.chat.completions.create(model="tiny", messages=CONVERSATION, max_tokens=8, temperature=0)
+    messages = CONVERSATION + [{"role": "assistant", "content": first.choices[0].message.content},
+                               {"role": "user", "content": "And another one?"}]
+    server_cache.wait_idle()  # the first answer's cells repaired and stored, as between a user's turns
+    baseline = server_cache.chat(messages, max_tokens=8, use_cache=False)
+    second = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    assert second.choices[0].message.content == baseline.text
+    assert second.usage.prompt_tokens == baseline.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    pieces = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=8, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in pieces) == baseline.text
+
+
+@pytest.mark.parametrize("messages, fragment", [
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "end with the user's message"),
+    ([{"role": "wizard", "content": "x"}], "role 'wizard'"),
+    ([{"role": "user", "content": "   "}], "every user message is empty"),
+])
+def test_a_conversation_that_cannot_be_answered_is_a_bad_request_naming_why(oai, messages, fragment):
+    with pytest.raises(openai.BadRequestError, match=fragment):
+        oai.chat.completions.create(model="tiny", messages=messages, max_tokens=3)

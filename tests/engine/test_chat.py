@@ -1,0 +1,158 @@
+"""Conversations (PromptCache.chat): each turn reuses its history and answers as the full prefill of its messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from pc_cpu.errors import ContextOverflowError, PromptCacheError
+from tests.conftest import cache_factory
+from tests.engine.conftest import EVERY_MODEL, model_path
+
+SYSTEM = {"role": "system", "content": "You answer in one short sentence."}
+QUESTIONS = ["Name a large city by the sea.", "What is it known for?", "Name another one."]
+
+
+def talk(cache, questions, *, max_tokens=12, pause=True, **options):
+    """Returns the Results of a conversation asking `questions` in turn, each answer sent back as it came."""
+    messages, results = [SYSTEM], []
+    for question in questions:
+        messages.append({"role": "user", "content": question})
+        result = cache.chat(messages, max_tokens=max_tokens, **options)
+        results.append(result)
+        messages.append({"role": "assistant", "content": result.text})
+        if pause:
+            cache.wait_idle()  # as between a user's turns: the answer's cells are repaired and stored
+    return results, messages
+
+
+@pytest.fixture
+def make_tiny(tiny_model_path):
+    """PromptCaches on the tiny model: the reuse rules do not depend on the model, and it is fast."""
+    yield from cache_factory(tiny_model_path)
+
+
+@pytest.mark.parametrize("name", EVERY_MODEL)
+def test_every_turn_answers_as_the_full_prefill_of_its_messages_and_reuses_the_turns_before(name, tiny_model_path,
+                                                                                           make_tiny):
+    cache = make_tiny(model_path(name, tiny_model_path), n_ctx=2048)
+    results, messages = talk(cache, QUESTIONS)
+    for turn, result in enumerate(results):
+        history = messages[:2 + 2 * turn]
+        baseline = cache.chat(history, max_tokens=12, use_cache=False)
+        assert result.token_ids == baseline.token_ids, f"turn {turn + 1}"
+        assert result.prompt_tokens == baseline.prompt_tokens and baseline.cached_tokens == 0
+    first, *later = results
+    assert first.cached_tokens == 0
+    for before, result in zip(results, later):
+        assert result.cached_tokens >= before.prompt_tokens  # the previous turn, its answer too
+        assert result.tiers == {"#conversation": "context"}
+
+
+def test_a_turn_sent_before_the_repair_reuses_the_answer_as_generated(make_tiny):
+    cache = make_tiny(n_ctx=2048)
+    results, _ = talk(cache, QUESTIONS, pause=False)
+    for before, result in zip(results, results[1:]):
+        assert result.cached_tokens >= before.prompt_tokens
+        assert result.token_ids
+
+
+def test_history_comes_back_from_the_disk_tier_in_a_new_process(make_tiny, tmp_path):
+    first = make_tiny(n_ctx=2048, store=tmp_path)
+    _, messages = talk(first, QUESTIONS[:2])
+    first.close()
+    messages.append({"role": "user", "content": QUESTIONS[2]})
+    cache = make_tiny(n_ctx=2048, store=tmp_path)
+    result = cache.chat(messages, max_tokens=12)
+    assert result.tiers == {"#conversation": "disk"}
+    assert result.cached_tokens == cache.chat_prompt(messages[:-1], add_generation_prompt=False).answers[-1][1]
+    assert result.token_ids == cache.chat(messages, max_tokens=12, use_cache=False).token_ids
+
+
+def test_interleaved_conversations_each_keep_their_history(make_tiny):
+    cache = make_tiny(n_ctx=2048, parallel=3)
+    topics = ["rivers", "mountains", "deserts"]
+    alone = {}
+    for topic in topics:  # each conversation alone, in a fresh cache: what interleaving must not change
+        solo = make_tiny(n_ctx=2048, parallel=3, store=False)
+        alone[topic] = [r.token_ids for r in talk(solo, [f"Name one of the {topic}.", "And another?"])[0]]
+        solo.close()
+    histories = {topic: [SYSTEM] for topic in topics}
+    for turn, question in enumerate(["Name one of the {}.", "And another?"]):
+        for topic in topics:
+            history = histories[topic]
+            history.append({"role": "user", "content": question.format(topic)})
+            result = cache.chat(history, max_tokens=12)
+            cache.wait_idle()
+            history.append({"role": "assistant", "content": result.text})
+            assert result.token_ids == alone[topic][turn]
+            if turn:
+                assert result.tiers == {"#conversation": "context"} and result.cached_tokens > 0
+
+
+def test_a_conversation_pushed_out_of_its_slot_comes_back_from_ram(make_tiny):
+    cache = make_tiny(n_ctx=2048, parallel=1, store=False)
+    _, first = talk(cache, ["Name a river."])
+    talk(cache, ["Name a mountain."])  # takes the only slot
+    first.append({"role": "user", "content": "How long is it?"})
+    result = cache.chat(first, max_tokens=12)
+    assert result.tiers == {"#conversation": "ram"} and result.cached_tokens > 0
+    assert result.token_ids == cache.chat(first, max_tokens=12, use_cache=False).token_ids
+
+
+def test_an_edited_earlier_message_reuses_the_turns_before_it(make_tiny):
+    cache = make_tiny(n_ctx=2048)
+    _, messages = talk(cache, QUESTIONS)
+    edited = messages[:3] + [{"role": "user", "content": "What is it famous for, in one word?"}]
+    result = cache.chat(edited, max_tokens=12)
+    reused_until = cache.chat_prompt(messages[:3], add_generation_prompt=False).answers[-1][1]
+    assert result.cached_tokens == reused_until
+    assert result.token_ids == cache.chat(edited, max_tokens=12, use_cache=False).token_ids
+
+
+def test_an_answer_sent_back_changed_is_matched_on_tokens(make_tiny):
+    cache = make_tiny(n_ctx=2048)
+    _, messages = talk(cache, QUESTIONS[:1])
+    messages[-1]["content"] = "Something else entirely."
+    messages.append({"role": "user", "content": QUESTIONS[1]})
+    result = cache.chat(messages, max_tokens=12)
+    answer_start = cache.chat_prompt(messages[:3], add_generation_prompt=False).answers[-1][0]
+    assert result.cached_tokens == answer_start  # the turn before the changed answer, not the answer
+    assert result.token_ids == cache.chat(messages, max_tokens=12, use_cache=False).token_ids
+
+
+def test_an_answer_stopped_early_keeps_the_turn_computed_so_far(make_tiny):
+    cache = make_tiny(n_ctx=2048)
+    messages = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
+    stream = cache.stream_chat(messages, max_tokens=40)
+    next(stream)
+    stream.close()
+    cache.wait_idle()
+    again = cache.chat(messages + [{"role": "assistant", "content": "Paris."},
+                                   {"role": "user", "content": QUESTIONS[1]}], max_tokens=4)
+    assert again.cached_tokens >= cache.chat_prompt(messages).end - 1 - 8  # at most its last call computed again
+
+
+def test_a_history_longer_than_the_context_is_refused_naming_the_sizes(make_tiny):
+    cache = make_tiny(n_ctx=256)
+    with pytest.raises(ContextOverflowError, match=r"the conversation is [\d,]+ tokens and a prompt holds 256"):
+        cache.chat([{"role": "user", "content": "word " * 400}])
+
+
+def test_recompute_does_not_apply_to_a_conversation(make_tiny):
+    with pytest.raises(PromptCacheError, match="recompute='tail:4' is for schema prompts and documents"):
+        make_tiny().chat([{"role": "user", "content": "x"}], recompute="tail:4")
+
+
+def test_a_follow_up_over_documents_reuses_the_whole_previous_turn(make_smollm2_cache):
+    cache = make_smollm2_cache(n_ctx=2048)
+    docs = [cache.add_document("The Calder Light was kept by Agnes Moir from 1931 to 1962.", name="light"),
+            cache.add_document("The Kessel viaduct is 212 metres long.", name="viaduct")]
+    messages = [{"role": "user", "content": "Who kept the light?"}]
+    first = cache.chat(messages, documents=docs, max_tokens=12)
+    assert first.tiers["#conversation"] == "encoded" and first.cached_tokens > 0  # the documents' cells
+    cache.wait_idle()
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "How long is the viaduct?"}]
+    second = cache.chat(messages, documents=docs, max_tokens=12)
+    assert second.cached_tokens >= first.prompt_tokens and second.tiers == {"#conversation": "context"}
+    layout = cache.chat_prompt(messages)
+    assert second.prompt_tokens > layout.end  # the documents sit in the prompt too
