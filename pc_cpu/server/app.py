@@ -204,7 +204,10 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatRequest, request: Request):
         options = body.options()
-        if body.documents is not None:
+        if body.documents is not None and not body.is_question():
+            messages, documents = body.conversation(), list(body.documents)
+            feed = feeds.open(lambda: cache.stream_chat(messages, options, documents=documents))
+        elif body.documents is not None:
             question, system = body.question()
             documents = list(body.documents)
             feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,

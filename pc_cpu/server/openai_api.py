@@ -6,9 +6,10 @@ Differences from OpenAI, on purpose:
   model's own chat template by PromptCache.chat, which reuses the cells of the turns it has seen
   (`usage.prompt_tokens_details.cached_tokens` counts them). With `schema`, the name of a loaded
   schema, the messages import its modules instead (see pc_cpu.server.chat); with `documents`, ids
-  or names of documents added with POST /v1/documents, the answer comes from PromptCache.ask,
-  and the messages must be any system (or developer) messages, whose texts joined are the system
-  message, then one user message, the question.
+  or names of documents added with POST /v1/documents, one question (any system or developer
+  messages, whose texts joined are the system message, then one user message) is answered by
+  PromptCache.ask, and a longer conversation by PromptCache.chat, the documents placed before its
+  first user message.
 - `temperature` defaults to 0 (greedy, reproducible), not 1; `max_tokens` defaults to 256.
 - Extensions: `top_k` (0: off), `use_cache` (false: full prefill of the same tokens, the baseline),
   `recompute` (cached module tokens to compute again, e.g. "tail:32" or "select:10%"; see
@@ -172,11 +173,15 @@ class ChatRequest(SamplingRequest):
             raise ValueError("send `schema` or `documents`, not both: a question over documents uses no schema")
         if self.prefix is not None and self.prefix not in PREFIXES:
             raise ValueError(f"prefix={self.prefix!r}: use one of {', '.join(PREFIXES)}")
-        roles = [message.role for message in self.messages]
-        if roles[-1] != "user" or any(role not in SYSTEM_ROLES for role in roles[:-1]):
-            raise ValueError("with `documents`, send any system (or developer) messages, then one user message, "
-                             f"the question; got roles {roles}")
+        if not self.is_question() and (self.setting or self.order or self.prefix):
+            raise ValueError("`setting`, `order` and `prefix` are for one question over `documents` (system messages, "
+                             "then one user message); a conversation over documents reuses its turns: leave them out")
         return self
+
+    def is_question(self) -> bool:
+        """Returns whether the messages are one question (any system messages, then one user message)."""
+        roles = [message.role for message in self.messages]
+        return roles[-1] == "user" and all(role in SYSTEM_ROLES for role in roles[:-1])
 
     def options(self) -> GenerationOptions:
         options = super().options()

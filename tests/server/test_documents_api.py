@@ -173,17 +173,33 @@ def test_use_cache_false_is_the_full_prefill_baseline(http, library):
     assert body["usage"]["cached_tokens"] == 0 and body["tiers"] == {}
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "One."}, {"role": "user", "content": "Two."}],
-    [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}],
-    [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "?"}],
-    [{"role": "user", "content": "Hi."}, {"role": "system", "content": "Late."}],
-    [{"role": "system", "content": "Only a system message."}],
+def test_a_conversation_over_documents_answers_as_chat_does(http, library, doc_cache):
+    messages = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "What floats?"}]
+    expected = doc_cache.chat(messages, documents=list(library), max_tokens=6)
+    body = http.post("/v1/chat/completions", json={"documents": list(library), "messages": messages,
+                                                   "max_tokens": 6}).json()
+    assert body["choices"][0]["message"]["content"] == expected.text
+    assert body["usage"]["prompt_tokens"] == expected.prompt_tokens
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+@pytest.mark.parametrize("messages, fragment", [
+    ([{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}], "end with the user's message"),
+    ([{"role": "user", "content": "Hi."}, {"role": "system", "content": "Late."}], "end with the user's message"),
+    ([{"role": "system", "content": "Only a system message."}], "end with the user's message"),
 ])
-def test_other_conversation_shapes_with_documents_are_422_saying_which_shape_works(http, library, messages):
-    error = _error(http.post("/v1/chat/completions", json={"documents": [library[0]], "messages": messages}), 422)
-    assert error["type"] == "RequestValidationError"
-    assert "with `documents`, send any system (or developer) messages, then one user message" in error["message"]
+def test_a_conversation_over_documents_that_cannot_be_answered_is_a_400_naming_why(http, library, messages, fragment):
+    error = _error(http.post("/v1/chat/completions", json={"documents": [library[0]], "messages": messages}), 400)
+    assert fragment in error["message"]
+
+
+def test_setting_is_for_one_question_over_documents(http, library):
+    messages = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "?"}]
+    error = _error(http.post("/v1/chat/completions", json={"documents": [library[0]], "messages": messages,
+                                                           "setting": "fast"}), 422)
+    assert "for one question over `documents`" in error["message"]
 
 
 def test_documents_do_not_mix_with_a_schema(http, library):
