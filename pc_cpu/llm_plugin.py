@@ -10,13 +10,12 @@ Each fragment (`-f`) is a document of the store, encoded once (PromptCache.add_d
 prompt with fragments is a question over them (PromptCache.stream_ask): a later prompt over the
 same files restores their cells and computes only its question. Any other prompt, and every turn
 of a conversation after the first, goes to PromptCache.stream_chat, which reuses the cells of the
-conversation's earlier turns (and places the first turn's fragments as documents, when it can).
+conversation's earlier turns (and places the first turn's fragments as documents).
 """
 
 from __future__ import annotations
 
 import atexit
-import inspect
 import threading
 from typing import TYPE_CHECKING, Iterator, Literal
 
@@ -41,6 +40,7 @@ _caches_lock = threading.Lock()
 
 @llm.hookimpl
 def register_models(register):
+    """Returns None after registering one llm model per packaged model (pc_cpu.models), installed or not."""
     for name in MODELS:
         register(PromptCacheModel(name))
 
@@ -163,14 +163,14 @@ def _first_turn_documents(pc: "PromptCache", messages: list[dict], conversation)
     documents for every later turn: stream_chat places them before the first user message,
     restored from their cells. Fragments given in a later turn stay text in its user message,
     and so do the first turn's when they are not known (a conversation `llm -c` read back from
-    the logs keeps only the joined text) or this pc_cpu's stream_chat takes no documents.
+    the logs keeps only the joined text).
     """
     responses = conversation.responses if conversation is not None else []
-    if not responses or not _question_over_fragments(responses[0].prompt) or not _chat_takes_documents(pc):
+    if not responses or not _question_over_fragments(responses[0].prompt):
         return None
     first = responses[0].prompt
-    user = next(m for m in messages if m["role"] == "user")
-    if user["content"] != first.prompt:  # not the turn those fragments came with
+    user = next((m for m in messages if m["role"] == "user"), None)
+    if user is None or user["content"] != first.prompt:  # not the turn those fragments came with
         return None
     user["content"] = _question(first)
     return [_add_fragment(pc, fragment, first.system or None) for fragment in first.fragments]
@@ -184,15 +184,8 @@ def _question(prompt) -> str:
 
 
 def _question_over_fragments(prompt) -> bool:
-    """Returns whether a prompt is a question over its fragments: it has both (fragments alone are the prompt itself)."""
+    """Returns whether a prompt is a question over its fragments: it has both (fragments alone are the prompt)."""
     return bool(prompt.fragments) and bool(_question(prompt).strip())
-
-
-def _chat_takes_documents(pc: "PromptCache") -> bool:
-    """Returns whether this pc_cpu's stream_chat places documents before the first user message."""
-    # PromptCache.chat gained documents= while this plugin was written; without it the fragments
-    # are sent as text.
-    return "documents" in inspect.signature(pc.stream_chat).parameters
 
 
 def _add_fragment(pc: "PromptCache", fragment, system: str | None) -> str:

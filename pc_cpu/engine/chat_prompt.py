@@ -33,6 +33,10 @@ from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
 CONVERSATION = "#conversation"  # the key of a conversation's history in a Result's tiers
+# The repair waits this long after an answer: a client that sends its next turn at once (a script,
+# an agent) gets it computed on the answer's cells as generated, without waiting for a repair it
+# would not use; a person reading the answer leaves far more time than this.
+REPAIR_DELAY_S = 0.25
 _HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, how, tokens, exact_until)
 ASSEMBLED = "documents"  # `how` of cells whose documents were encoded apart and moved (pml.chat.prefix_digests)
 
@@ -164,9 +168,9 @@ class ChatWork:
         prompt = self.prompt
         lcp = _common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
         exact = prompt.cut_at_or_before(min(lcp, exact_until))
-        # The whole stream, its last answer as generated, when the turn sends that answer back unchanged.
-        generated = lcp if lcp == len(tokens) and lcp in prompt.cuts and lcp > exact else 0
-        keep, exact_after = (generated, exact_until) if generated else (exact, prompt.end)
+        if lcp > exact_until:  # the match goes on into an answer's cells as generated (not repaired yet): all kept
+            return (lcp, exact_until) if self.cells.can_cut or lcp == len(tokens) else (0, 0)
+        keep, exact_after = exact, prompt.end
         if (not self.cells.can_cut and keep != len(tokens)) or keep < prompt.documents_end:
             return 0, 0  # documents are made whole (prepare), never from part of a stream
         return keep, exact_after
@@ -218,7 +222,7 @@ class ChatWork:
 
         return IdleTask(("conversation", tokens), tokens[start:], save, start=start,
                         base=self.kept_head(answer), calls=tuple(c for c in following.cuts if start < c < end),
-                        stopped=stopped)
+                        stopped=stopped, delay=REPAIR_DELAY_S)
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:

@@ -64,6 +64,7 @@ class IdleTask:
     base is gone is dropped), and a task given up at position p leaves `stopped(p)` held there.
     Once every token is computed, `save(slot)` stores the stream's cells and returns their Head:
     the slot keeps them for the next prompt with that head (None: the stream is emptied).
+    A task starts `delay` seconds after its prompt ended at the earliest.
     """
 
     key: Hashable  # what the cells are: one task per key waits at a time
@@ -74,6 +75,7 @@ class IdleTask:
     base: Head | None = None  # the held head whose stream the task continues; None: an emptied stream
     calls: tuple[int, ...] = ()  # positions after `start` where a new decode call begins
     stopped: Callable[[int], Head | None] = lambda done: None  # with a base: what the stream holds if given up at `done`
+    delay: float = 0.0  # seconds after the prompt ends before it may start (a request arriving meanwhile goes first)
 
 
 class PromptWork(Protocol):

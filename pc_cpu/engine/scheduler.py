@@ -148,6 +148,7 @@ class Scheduler:
         self._pending: deque[Request] = deque()
         self._active: list[Request] = []
         self._idle: deque[IdleTask] = deque(maxlen=IDLE_TASKS_KEPT)  # waiting for idle time, oldest first
+        self._ready_at: dict = {}  # an idle task's key -> the monotonic time it may start (IdleTask.delay)
         self._idle_run: IdleRun | None = None  # the task being computed
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -218,7 +219,13 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not (self._busy() or self._closing):
+                while not self._closing and not (self._pending or self._active or self._idle_run):
+                    if self._idle:  # only tasks that wait for their delay: sleep until the first may start
+                        wait = min(self._ready_at.get(t.key, 0.0) for t in self._idle) - time.monotonic()
+                        if wait <= 0:
+                            break
+                        self._wake.wait(wait)
+                        continue
                     self._wake.notify_all()  # wait_idle's callers: nothing is left
                     self._wake.wait()
                 if self._closing:
@@ -387,6 +394,8 @@ class Scheduler:
             queued = [t.key for t in self._idle] + ([self._idle_run.task.key] if self._idle_run else [])
             if task.key not in queued:
                 self._idle.append(task)  # maxlen: the oldest waiting task is dropped
+                self._ready_at[task.key] = time.monotonic() + task.delay
+                self._ready_at = {t.key: self._ready_at[t.key] for t in self._idle if t.key in self._ready_at}
 
     def _idle_step(self) -> None:
         """Computes the next chunk of the idle task (starting the oldest one), unless a request waits.
@@ -420,8 +429,12 @@ class Scheduler:
 
         That is the free slot holding the task's base, cut at its start, or an emptied free slot.
         """
-        while self._idle and self._free:
-            task = self._idle.popleft()
+        now = time.monotonic()
+        while self._free:
+            task = next((t for t in self._idle if self._ready_at.get(t.key, 0.0) <= now), None)
+            if task is None:
+                return None
+            self._idle.remove(task)
             if task.skip():
                 continue
             if task.base is not None:

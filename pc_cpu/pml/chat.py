@@ -147,8 +147,8 @@ class ChatPrompt:
         return tuple(start for start, _ in self.calls[1:])
 
     def calls_from(self, start: int) -> tuple[tuple[int, int], ...]:
-        """Returns the calls that compute the tokens from `start` (a call boundary) to the end."""
-        return tuple(call for call in self.calls if call[0] >= start)
+        """Returns the calls that compute the tokens from `start` to the end (the first one cut at `start`)."""
+        return tuple((max(lo, start), hi) for lo, hi in self.calls if hi > start)
 
     def cut_at_or_before(self, n: int) -> int:
         """Returns the last call boundary at or before position `n` (0 when there is none)."""
