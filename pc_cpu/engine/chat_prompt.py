@@ -147,7 +147,7 @@ class ChatWork:
         return self._decode_from(slot, start)
 
     def _decode_from(self, slot: int, start: int) -> int:
-        """Decodes the prompt's calls from `start` (a call boundary) in stream `slot`; returns its end."""
+        """Decodes the prompt from `start` in stream `slot`, in its calls (the first cut at `start`); returns its end."""
         prompts, tokens = self.cells.cells.prompts, self.prompt.tokens
         calls = self.prompt.calls_from(start)
         for i, (lo, hi) in enumerate(calls):

@@ -48,12 +48,16 @@ def test_every_turn_answers_as_the_full_prefill_of_its_messages_and_reuses_the_t
         assert result.tiers == {"#conversation": "context"}
 
 
-def test_a_turn_sent_before_the_repair_reuses_the_answer_as_generated(make_tiny):
-    cache = make_tiny(n_ctx=2048)
-    results, _ = talk(cache, QUESTIONS, pause=False)
-    for before, result in zip(results, results[1:]):
-        assert result.cached_tokens >= before.prompt_tokens
-        assert result.token_ids
+def test_a_turn_sent_before_the_repair_reuses_the_answer_as_generated(make_smollm2_cache):
+    cache = make_smollm2_cache(n_ctx=2048)
+    results, messages = talk(cache, QUESTIONS[:2], pause=False, max_tokens=8)  # answers cut by max_tokens
+    first, second = results
+    layout = cache.chat_prompt(messages[:3], add_generation_prompt=False)
+    start, end = layout.answers[-1]
+    assert layout.tokens[start:end] == tuple(first.token_ids)  # the text sent back gives the generated tokens
+    # Every cell the first turn left: its prompt and its answer but the last token (sampled, never decoded).
+    assert second.cached_tokens == first.prompt_tokens + len(first.token_ids) - 1
+    assert second.tiers == {"#conversation": "context"}
 
 
 def test_history_comes_back_from_the_disk_tier_in_a_new_process(make_tiny, tmp_path):
