@@ -60,7 +60,7 @@ import numpy as np
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import NQ_FILE, evaldata_dir
-from pc_cpu.pml.chat import ChatMessage
+from pc_cpu.pml.chat import ChatMessage, common_prefix
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ("qwen2.5-coder-0.5b", "smollm2-135m")
@@ -224,16 +224,6 @@ class LlamaPeer:
 
     def close(self) -> None:
         self.llm.close()
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Returns how many first tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # --- token checks --------------------------------------------------------------------------------

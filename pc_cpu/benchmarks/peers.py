@@ -18,6 +18,7 @@ from typing import Callable
 from pc_cpu.benchmarks import workloads
 from pc_cpu.benchmarks.prompts import pml_text
 from pc_cpu.benchmarks.timing import stats
+from pc_cpu.pml.chat import common_prefix
 
 QUESTIONS = ("Who is mentioned first?", "Which year appears?", "Name one place.", "What is the topic?",
              "Who is mentioned last?", "Which number is largest?", "Name a person.", "What happened?")
@@ -36,15 +37,6 @@ def _schema_and_prompts(tokenize, doc_tokens: int, n_docs: int, count: int) -> t
         range(3), key=lambda k: (i + k) % n_docs)) + f'<user>{QUESTIONS[i % len(QUESTIONS)]}</user></prompt>'
         for i in range(count)]
     return schema, {"shared prefix": shared, "documents not a prefix": window}
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _llama_ttft(llm, tokens: list[int]) -> float:
@@ -100,7 +92,7 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
         lists = token_lists[name]
         row = {"workload": name, "prompt_tokens": round(sum(map(len, lists[1:])) / len(lists[1:])),
                # what a prefix cache can reuse: tokens each prompt shares with the one before it
-               "prefix_with_previous": round(sum(_common_prefix(a, b) for a, b in zip(lists, lists[1:]))
+               "prefix_with_previous": round(sum(common_prefix(a, b) for a, b in zip(lists, lists[1:]))
                                              / len(lists[1:]))}
         base = stats(systems["pc_cpu full prefill"]).p50
         row["systems"] = {s: {**stats(v).to_dict(), "speedup_vs_full_prefill": round(base / stats(v).p50, 1)}

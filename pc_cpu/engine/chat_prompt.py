@@ -28,7 +28,7 @@ from typing import Callable
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
-from pc_cpu.pml.chat import CHAT_MODE, ChatPrompt, prefix_digests
+from pc_cpu.pml.chat import CHAT_MODE, ChatPrompt, common_prefix, prefix_digests
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
@@ -166,7 +166,7 @@ class ChatWork:
             return 0, 0
         _, _, tokens, exact_until = held.cells
         prompt = self.prompt
-        lcp = _common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
+        lcp = common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
         exact = prompt.cut_at_or_before(min(lcp, exact_until))
         if lcp > exact_until:  # the match goes on into an answer's cells as generated (not repaired yet): all kept
             return (lcp, exact_until) if self.cells.can_cut or lcp == len(tokens) else (0, 0)
@@ -223,18 +223,3 @@ class ChatWork:
         return IdleTask(("conversation", tokens), tokens[start:], save, start=start,
                         base=self.kept_head(answer), calls=tuple(c for c in following.cuts if start < c < end),
                         stopped=stopped, delay=REPAIR_DELAY_S)
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], limit: int) -> int:
-    """Returns how many first tokens `a` and `b` share, at most `limit`."""
-    n = min(len(a), len(b), limit)
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -242,3 +242,19 @@ def prefix_digests(tokens: Sequence[int], cuts: Sequence[int], ends: Sequence[in
         pos = end
         out[end] = digest.copy().hexdigest()
     return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """Returns how many first tokens `a` and `b` share, at most `limit`."""
+    n = min(len(a), len(b), len(a) if limit is None else limit)
+    a, b = tuple(a[:n]), tuple(b[:n])
+    if a == b:  # the common case (a turn extending the last one), in one comparison
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptError
-from pc_cpu.pml.chat import ChatMessage, ChatTemplate, chat_prompt, check_messages, prefix_digests
+from pc_cpu.pml.chat import ChatMessage, ChatTemplate, chat_prompt, check_messages, common_prefix, prefix_digests
 from tests.fake_tokenizer import WordTokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -139,3 +139,11 @@ def test_a_template_that_refuses_the_roles_is_a_prompt_error():
     strict = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}{% endfor %}"
     with pytest.raises(PromptError, match="no system"):
         chat_prompt(conversation("x", system="s"), ChatTemplate(strict), WordTokenizer())
+
+
+@pytest.mark.parametrize("a, b, limit, shared", [
+    ([1, 2, 3], [1, 2, 4], None, 2), ([1, 2, 3], [1, 2, 3, 4], None, 3), ([1, 2, 3], [1, 2, 3], 2, 2),
+    ([], [1], None, 0), ([5], [6], None, 0), (list(range(100)), list(range(57)) + [0], None, 57),
+])
+def test_common_prefix_counts_the_first_tokens_two_sequences_share(a, b, limit, shared):
+    assert common_prefix(a, b, limit) == shared
