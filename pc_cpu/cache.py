@@ -46,7 +46,7 @@ from pc_cpu.errors import ContextBeyondTrainingError, ContextOverflowError, Prom
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
-from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_messages
+from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_after_edit, check_messages
 from pc_cpu.pml.documents import DocumentPrompt, check_document_policy, check_prefix
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.layout import Layout
@@ -133,7 +133,7 @@ class PromptCache:
         self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
         self.chat_template = ChatTemplate(self.model.chat_template(), eos_token=self.model.eos_text())
         self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.model.info.fingerprint,
-                                                can_cut=not self.model.info.n_swa)
+                                                can_cut=not self.model.info.n_swa, mover=self.documents.encoder)
         self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._lock, mode=self.encoding,
                                n_ctx=self.ctx.n_ctx, adder=adder, adding=self._adding)
 
@@ -371,7 +371,7 @@ class PromptCache:
         return self._submit(work, sampling, options, t0)
 
     def chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
-             documents: Sequence[str] | None = None, **overrides) -> Result:
+             documents: Sequence[str] | None = None, after_edit: str = "recompute", **overrides) -> Result:
         """Returns the model's answer to a conversation: OpenAI-style messages, the last one the user's.
 
         messages: dicts {"role": "system" | "developer" | "user" | "assistant", "content": str}
@@ -393,20 +393,29 @@ class PromptCache:
         apart); a follow-up reuses that whole turn, documents, question and answer. Send the same
         documents with every turn of the conversation.
 
+        after_edit: what a turn does when an earlier message was edited or deleted since the
+        conversation's cells were kept. "recompute" (the default): the turns before the edit are
+        reused and everything after it is computed again, so the answer is the full prefill's.
+        "reuse": the turns after the edit are reused too, their cells moved to their new
+        positions, and only the edited message and the new one are computed; faster, but those
+        cells were computed after the old message, so the answer can differ from the full
+        prefill's (bench/RESULTS.md, "Conversations", measures how often). Same process only: the
+        turns after an edit are found through an index kept in memory.
+
         Raises:
             PromptError: no messages, an unknown role, a last message that is not the user's, text
-                UTF-8 cannot encode, or messages the chat template refuses.
+                UTF-8 cannot encode, messages the chat template refuses, or an unknown after_edit.
             ContextOverflowError: the conversation and one answer token need more positions than a
                 prompt holds (n_ctx); drop its oldest turns (keep the system message) or raise n_ctx.
         """
         stream = self.stream_chat(messages, GenerationOptions.of(options, overrides, method="chat"),
-                                  documents=documents)
+                                  documents=documents, after_edit=after_edit)
         for _ in stream:
             pass
         return stream.result
 
     def stream_chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
-                    documents: Sequence[str] | None = None, **overrides) -> "Stream":
+                    documents: Sequence[str] | None = None, after_edit: str = "recompute", **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `chat`.
 
         Closing it early (a client that went away) keeps the turn's cells computed so far for the next turn.
@@ -417,6 +426,7 @@ class PromptCache:
             raise PromptCacheError(f"recompute={options.recompute!r} is for schema prompts and documents; a "
                                    "conversation reuses its earlier turns as they were computed: leave it out")
         sampling = _sampling(options)
+        check_after_edit(after_edit)
         checked = check_messages(messages)
         placed = ()
         if documents:
@@ -441,7 +451,7 @@ class PromptCache:
         document_work = None
         if prompt.documents is not None:
             document_work = DocumentWork(prompt.documents, self.documents.encoder, options.use_cache, "background")
-        work = ChatWork(prompt, self._conversations, answered, options.use_cache, document_work)
+        work = ChatWork(prompt, self._conversations, answered, options.use_cache, document_work, after_edit)
         return self._submit(work, sampling, options, t0)
 
     def chat_prompt(self, messages: Sequence, *, add_generation_prompt: bool = True) -> ChatPrompt:

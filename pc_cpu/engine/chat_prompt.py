@@ -12,6 +12,15 @@ Where the earlier turns' cells come from, best first:
   restores them and decodes the rest in the same calls answers as the full prefill does;
 - nothing: the conversation is computed whole, in the full prefill's calls.
 
+An edited or deleted earlier message: the turns before it are reused as above, and by default
+everything after it is computed again (exact). With after_edit="reuse" the turns after it are
+reused too: runs of the earlier stream that the edited conversation holds again (pml.chat.moved_runs)
+are cut from it and moved to their new positions (positions rewritten, K re-rotated, as documents
+are moved), and only the edited message and the new turn are computed. Those moved cells were
+computed after the old message, so the answer is not the full prefill's (bench/RESULTS.md,
+"Conversations", measures how far); the idle repair then computes them again, so the turn after
+next is exact once more.
+
 Exactness: a turn answers token for token as the full prefill of the same messages when its
 history's cells are the full prefill's, which they are once the last answer's repair has run
 (a decode of the answer's tokens while nothing else runs, a fraction of a second). A turn sent
@@ -27,8 +36,11 @@ from typing import Callable
 
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.document_prompt import DocumentWork
+from pc_cpu.engine.documents import DocumentEncoder, Piece
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
-from pc_cpu.pml.chat import CHAT_MODE, ChatPrompt, common_prefix, prefix_digests
+from pc_cpu.kvstate import ops
+from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest, moved_runs,
+                             prefix_digests)
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
@@ -49,6 +61,7 @@ class Found:
     keep: int
     tier: Tier
     how: str
+    tokens: tuple[int, ...] | None = None  # the tip's tokens, when it holds more than the `keep` the turn shares
 
 
 class ConversationCells:
@@ -61,11 +74,21 @@ class ConversationCells:
     conversation by its latest tip.
     """
 
-    def __init__(self, cells: CellStore, model_id: str, *, can_cut: bool):
+    def __init__(self, cells: CellStore, model_id: str, *, can_cut: bool, mover: DocumentEncoder | None = None):
         self.cells = cells
         self.model_id = model_id
         self.can_cut = can_cut  # False on sliding-window models: a stream cut short misses window cells
-        self._index: dict[str, tuple[StoreKey, int]] = {}
+        self.mover = mover  # moves cut cells (after_edit="reuse"), as documents are moved; None: never moved
+        self._index: dict[str, tuple[StoreKey, int, tuple[int, ...]]] = {}  # prefix digest -> its tip, end, tokens
+        # An answer's tokens -> the latest tip holding it (end, tokens): an edited conversation's old turns,
+        # whatever was edited before them (after_edit="reuse"; conversations without documents).
+        self._answers: dict[str, tuple[StoreKey, int, tuple[int, ...]]] = {}
+
+    @property
+    def can_move(self) -> bool:
+        """Returns whether cells cut from a stream can be moved to other positions (after_edit="reuse")."""
+        mover = self.mover
+        return self.can_cut and mover is not None and (mover.ropes is not None or mover.prompts.can_shift)
 
     def key(self, digest: str, n_tokens: int) -> StoreKey:
         return StoreKey(self.model_id, digest, CHAT_MODE, label=f"conversation ({n_tokens} tokens)")
@@ -78,18 +101,37 @@ class ConversationCells:
             for cut in sorted(cuts, reverse=True):
                 found = self._stored(digests[cut], cut)
                 if found is not None:
-                    return Found(found[0], cut, found[1], how)
+                    return Found(found[0], cut, found[1], how, found[2])
         return None
 
-    def _stored(self, digest: str, cut: int) -> tuple[bytes, Tier] | None:
-        """Returns the cells of a tip holding the prefix `digest` (`cut` tokens) and their tier, or None."""
+    def find_edited(self, prompt: ChatPrompt) -> Found | None:
+        """Returns a stored tip holding one of `prompt`'s answers (its latest found), kept up to the prefix they share; or None.
+
+        For after_edit="reuse": the turns after an edit lie in such a tip, at other positions.
+        """
+        if not self.can_move or prompt.documents is not None:
+            return None
+        for lo, hi in reversed(prompt.answers):
+            tip = self._answers.get(content_digest(prompt.tokens[lo:hi]))
+            stored = None if tip is None else self.cells.get(tip[0], (0, tip[1]))
+            if stored is not None:
+                keep = prompt.cut_at_or_before(common_prefix(tip[2], prompt.tokens, prompt.end - 1))
+                return Found(stored[0], keep, stored[1], "", tip[2])
+        return None
+
+    def _stored(self, digest: str, cut: int) -> tuple[bytes, Tier, tuple[int, ...] | None] | None:
+        """Returns the cells of a tip holding the prefix `digest` (`cut` tokens), their tier and the tip's tokens; or None.
+
+        The tokens are None when the tip is the prefix itself.
+        """
         stored = self.cells.get(self.key(digest, cut), (0, cut))
         if stored is not None:
-            return stored
+            return stored + (None,)
         tip = self._index.get(digest)
         if tip is None or not self.can_cut:
             return None
-        return self.cells.get(tip[0], (0, tip[1]))
+        stored = self.cells.get(tip[0], (0, tip[1]))
+        return None if stored is None else stored + (tip[2],)
 
     def save(self, prompt: ChatPrompt, end: int, slot: int, how: str) -> None:
         """Stores stream `slot`'s cells, `prompt`'s first `end`, as a tip; drops the stored tips it extends."""
@@ -97,12 +139,34 @@ class ConversationCells:
         digests = prefix_digests(prompt.tokens, cuts, cuts + (end,), how=how)
         tip = self.key(digests[end], end)
         self.cells.put(tip, slot, end, (0, end))
-        self._index[digests[end]] = (tip, end)
+        tokens = tuple(prompt.tokens[:end])
+        self._index[digests[end]] = (tip, end, tokens)
         for cut in cuts:
-            self._index[digests[cut]] = (tip, end)
+            self._index[digests[cut]] = (tip, end, tokens)
+        if prompt.documents is None:
+            for lo, hi in prompt.answers:
+                self._answers[content_digest(tokens[lo:hi])] = (tip, end, tokens)
             older = self.key(digests[cut], cut)
             if self.can_cut and self.cells.store.contains(older):
                 self.cells.store.remove(older)
+
+    def moved_cells(self, slot: int, runs: tuple[MovedRun, ...], keep: int) -> list:
+        """Returns each run's cells, cut from stream `slot` and moved to its new positions; `slot` then holds its first `keep`.
+
+        One-stream blobs, in the order of `runs`. `slot` serves as the free stream that cutting
+        and moving need while its cells are out.
+        """
+        prompts, mover = self.cells.prompts, self.mover
+        if not runs:
+            prompts.seq_rm(slot, keep, -1)
+            return []
+        whole = ops.restream(prompts.state_get(slot), 1)
+        prompts.seq_rm(slot)
+        moved = [mover.move(Piece(mover.cut(whole, run.old_start, run.old_end, slot), run.delta), slot)
+                 for run in runs]
+        self.cells.restore(whole, slot)
+        prompts.seq_rm(slot, keep, -1)
+        return moved
 
 
 @dataclass
@@ -114,10 +178,12 @@ class ChatWork:
     answered: Callable[[str], ChatPrompt | None]  # the next turn's history once this answer is sent back as text
     use_cache: bool
     documents: DocumentWork | None = None  # the documents' cells as `ask` makes them, when nothing stored has them
+    after_edit: str = "recompute"  # pml.chat.AFTER_EDIT: "reuse" moves the turns after an edited message
     _found: Found | None = None
     _kept: int = 0  # cells reused: restored or held
     _exact_until: int = 0  # after prefill: the cells before it are the full prefill's (or, `how`, as made here)
     _how: str = ""  # how the cells were made (ASSEMBLED: documents encoded apart); "" as the full prefill
+    _runs: tuple | None = None  # _moved_runs' last answer: (the stream's tokens, keep, runs)
 
     def positions(self) -> int:
         return self.prompt.end
@@ -126,6 +192,8 @@ class ChatWork:
         if not self.use_cache:
             return {}
         self._found = self.cells.find(self.prompt, at_least=self.prompt.documents_end - 1)
+        if self.after_edit == "reuse":
+            self._found = max((self._found, self.cells.find_edited(self.prompt)), key=self._reused_from, default=None)
         if self._found is None and self.documents is not None:
             return {**self.documents.prepare(), CONVERSATION: Tier.ENCODED}
         return {CONVERSATION: self._found.tier if self._found else Tier.ENCODED}
@@ -135,16 +203,56 @@ class ChatWork:
         prompts.seq_rm(slot)
         found, self._found = self._found, None
         start, self._how = 0, ""
+        self._exact_until = self.prompt.end
         if found is not None:
             self.cells.cells.restore(found.blob, slot)
-            prompts.seq_rm(slot, found.keep, -1)
-            start, self._how = found.keep, found.how
-        elif self.documents is not None and self.use_cache:  # the documents' cells as `ask` has them
+            self._how = found.how
+            return self._continue(slot, found.keep, found.tokens)
+        if self.documents is not None and self.use_cache:  # the documents' cells as `ask` has them
             start = self.documents.prefill(slot)
             self._how = "" if self.documents.exact else ASSEMBLED
         self._kept = start
-        self._exact_until = self.prompt.end
         return self._decode_from(slot, start)
+
+    def _continue(self, slot: int, keep: int, held: tuple[int, ...] | None) -> int:
+        """Decodes the prompt after its first `keep` cells in stream `slot`; returns its end.
+
+        `slot` holds the cells of `held` (an earlier stream's tokens; None: exactly the first
+        `keep`). With after_edit="reuse", the runs of `held` after `keep` that the prompt holds
+        again are moved into place instead of computed, and the cells from `keep` on are no
+        longer the full prefill's.
+        """
+        prompts = self.cells.cells.prompts
+        runs = self._moved_runs(held, keep)
+        if not runs:
+            prompts.seq_rm(slot, keep, -1)
+            self._kept = keep
+            return self._decode_from(slot, keep)
+        self._exact_until = min(self._exact_until, keep)
+        in_place = keep
+        if runs[0].delta == 0 and runs[0].old_start == keep:  # the unchanged text before the edit: kept where it is
+            in_place, runs = runs[0].new_end, runs[1:]
+        moved = self.cells.moved_cells(slot, runs, in_place)
+        tokens, cursor = self.prompt.tokens, in_place
+        for run, cells in zip(runs, moved):
+            if cursor < run.new_start:
+                prompts.decode(tokens[cursor:run.new_start], range(cursor, run.new_start), slot, logits_last=False)
+            before = ops.restream(prompts.state_get(slot), 1)
+            prompts.state_set(slot, ops.restore_blob([before, cells], prompts.n_stream))
+            cursor = run.new_end
+        prompts.decode(tokens[cursor:self.prompt.end], range(cursor, self.prompt.end), slot)
+        self._kept = in_place + sum(run.length for run in runs)
+        return self.prompt.end
+
+    def _moved_runs(self, held: tuple[int, ...] | None, keep: int) -> tuple[MovedRun, ...]:
+        """Returns the runs of `held` after `keep` that this prompt reuses moved (after_edit="reuse"), else ()."""
+        if self.after_edit != "reuse" or held is None or not self.cells.can_move or keep < self.prompt.documents_end:
+            return ()
+        last = self._runs  # the scheduler asks once per free slot, then prefill asks again
+        if last is None or last[0] is not held or last[1] != keep:
+            # The last token is computed: its logits.
+            self._runs = last = (held, keep, moved_runs(held, self.prompt.tokens, keep, self.prompt.end - 1))
+        return last[2]
 
     def _decode_from(self, slot: int, start: int) -> int:
         """Decodes the prompt from `start` in stream `slot`, in its calls (the first cut at `start`); returns its end."""
@@ -157,8 +265,20 @@ class ChatWork:
     def head(self) -> Head | None:
         return None  # reused by common prefix (reusable), not by an equal head
 
+    def _reused_from(self, found: Found | None) -> int:
+        """Returns how many of the prompt's cells `found` serves (kept and moved); 0 for None."""
+        if found is None:
+            return 0
+        return found.keep + sum(run.length for run in self._moved_runs(found.tokens, found.keep))
+
     def reusable(self, held: Head) -> int:
-        return self._reuse(held)[0]
+        keep, exact_after = self._reuse(held)
+        if exact_after <= keep:  # nothing, or a stream followed into its answer as generated: no edit to look past
+            return keep
+        runs = self._moved_runs(held.cells[2], keep)
+        if not keep and all(run.length < MIN_MOVED_TOKENS for run in runs):
+            return 0  # a stream sharing a few tokens of markup: a stored tip may serve far more (prepare)
+        return keep + sum(run.length for run in runs)
 
     def _reuse(self, held: Head) -> tuple[int, int]:
         """Returns the held cells this turn keeps and where its cells stop being the full prefill's then."""
@@ -178,9 +298,8 @@ class ChatWork:
     def prefill_tail(self, slot: int, held: Head) -> int:
         keep, self._exact_until = self._reuse(held)
         self._how = held.cells[1]
-        self.cells.cells.prompts.seq_rm(slot, keep, -1)
-        self._kept = keep
-        return self._decode_from(slot, keep)
+        tokens = held.cells[2]
+        return self._continue(slot, keep, tokens if self._exact_until > keep else None)
 
     def held_tiers(self) -> dict[str, Tier]:
         return {CONVERSATION: Tier.CONTEXT}

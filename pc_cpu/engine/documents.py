@@ -257,7 +257,7 @@ class DocumentEncoder:
         ws = self.workspace
 
         def cached(lo: int, hi: int) -> list:
-            return [blob if lo <= s and e <= hi else self._cut(blob, max(s, lo), min(e, hi), empty)
+            return [blob if lo <= s and e <= hi else self.cut(blob, max(s, lo), min(e, hi), empty)
                     for blob, (s, e) in zip(moved, spans) if s < hi and e > lo]
 
         parts, cursor = [], 0
@@ -271,7 +271,7 @@ class DocumentEncoder:
             self.prompts.seq_rm(ws)
         return parts + cached(cursor, prompt.tail_start)
 
-    def _cut(self, blob, lo: int, hi: int, empty: int) -> bytearray:
+    def cut(self, blob, lo: int, hi: int, empty: int) -> bytearray:
         """Returns the cells of `blob` at positions [lo, hi), cut by llama.cpp in the free stream `empty`."""
         try:
             self.prompts.state_set(empty, ops.restream(blob, self.prompts.n_stream))

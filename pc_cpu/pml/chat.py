@@ -21,6 +21,7 @@ and decodes the rest in the same calls answers exactly as the full prefill does.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from array import array
 from dataclasses import dataclass
@@ -258,3 +259,62 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) 
         else:
             hi = mid
     return lo
+
+
+# --- an edited conversation ---------------------------------------------------------------------
+
+AFTER_EDIT = ("recompute", "reuse")  # what a turn does with the earlier turns after an edited message
+MIN_MOVED_TOKENS = 32  # a shorter run is not worth a state round trip (and is mostly template markup)
+
+
+@dataclass(frozen=True)
+class MovedRun:
+    """Cells of an earlier stream that an edited conversation reuses at other positions: `length` tokens, old_start -> new_start."""
+
+    old_start: int
+    new_start: int
+    length: int
+
+    @property
+    def delta(self) -> int:
+        return self.new_start - self.old_start
+
+    @property
+    def old_end(self) -> int:
+        return self.old_start + self.length
+
+    @property
+    def new_end(self) -> int:
+        return self.new_start + self.length
+
+
+def content_digest(tokens: Sequence[int]) -> str:
+    """Returns a digest of `tokens` alone (not of what precedes them): how an edited conversation finds its old answers."""
+    return hashlib.sha256(b"pc_cpu.chat.answer/1 " + array("q", tokens).tobytes()).hexdigest()
+
+
+def check_after_edit(after_edit: str) -> str:
+    """Returns `after_edit` when it is one of AFTER_EDIT; raises PromptError naming them otherwise."""
+    if after_edit not in AFTER_EDIT:
+        raise PromptError(f"after_edit={after_edit!r} is not a choice: use 'recompute' (the turns after an edited "
+                          "message are computed again, answers as a full prefill) or 'reuse' (their cells are moved "
+                          "to their new positions: faster, not exact)")
+    return after_edit
+
+
+def moved_runs(old: Sequence[int], new: Sequence[int], start: int, stop: int,
+               min_tokens: int = MIN_MOVED_TOKENS) -> tuple[MovedRun, ...]:
+    """Returns the runs of `old[start:]` found again in `new[start:stop]`, in order, each of at least `min_tokens`.
+
+    `old` is a stream's tokens (a conversation before an edit), `new` the edited conversation's;
+    both agree on their first `start` tokens. The runs are the longest common pieces in order
+    (difflib's matching blocks), so an edited or deleted message leaves the turns after it as
+    one run moved by the edit's change in length. A run right at `start` (the text before the
+    edit, after the last call boundary) stays where it is, however short: it costs no move.
+    """
+    if stop <= start or len(old) <= start:
+        return ()
+    matcher = difflib.SequenceMatcher(None, tuple(old[start:]), tuple(new[start:stop]), autojunk=False)
+    return tuple(MovedRun(start + block.a, start + block.b, block.size)
+                 for block in matcher.get_matching_blocks()
+                 if block.size >= min_tokens or (block.size and block.a == block.b == 0))

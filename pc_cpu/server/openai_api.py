@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.options import GenerationOptions
+from pc_cpu.pml.chat import AFTER_EDIT
 from pc_cpu.pml.documents import PREFIXES
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
@@ -161,9 +162,17 @@ class ChatRequest(SamplingRequest):
     order: Optional[str] = None  # with documents: "given", "relevant-first" or "relevant-last"
     prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.documents)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    # a conversation: "recompute" (None) or "reuse" the turns after an edited message (PromptCache.chat)
+    after_edit: Optional[str] = None
 
     @model_validator(mode="after")
     def _schema_or_documents(self) -> "ChatRequest":
+        if self.after_edit is not None:
+            if self.after_edit not in AFTER_EDIT:
+                raise ValueError(f"after_edit={self.after_edit!r}: use one of {', '.join(AFTER_EDIT)}")
+            if self.schema_name is not None:
+                raise ValueError("`after_edit` is for conversations; a schema's prompt reuses its modules: leave "
+                                 "it out")
         if self.documents is None:
             if self.setting is not None or self.order is not None or self.prefix is not None:
                 raise ValueError("`setting`, `order` and `prefix` are for questions over `documents`; send "

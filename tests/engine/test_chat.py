@@ -160,3 +160,58 @@ def test_a_follow_up_over_documents_reuses_the_whole_previous_turn(make_smollm2_
     assert second.cached_tokens >= first.prompt_tokens and second.tiers == {"#conversation": "context"}
     layout = cache.chat_prompt(messages)
     assert second.prompt_tokens > layout.end  # the documents sit in the prompt too
+
+
+# Long enough turns that the ones after an edit hold runs worth moving (pc_cpu.pml.chat.MIN_MOVED_TOKENS).
+LONG_QUESTIONS = [f"Here are my notes on {topic}: " + " ".join(f"{topic} fact {i} is worth a line." for i in range(6))
+                  + f" What do they say about {topic}?" for topic in ("rivers", "mountains", "deserts")]
+
+
+def edited_conversation(messages, index, text, question="Which of these is the largest?"):
+    """Returns `messages` with message `index`'s content replaced by `text`, and a new user question after them."""
+    edited = [dict(m) for m in messages]
+    edited[index]["content"] = text
+    return edited + [{"role": "user", "content": question}]
+
+
+@pytest.mark.parametrize("index, text", [(1, "Tell me about lakes."), (3, "Skip the mountains, tell me about hills.")])
+def test_after_edit_reuse_moves_the_turns_after_the_edit_and_the_next_turn_is_exact_again(make_tiny, index, text):
+    cache = make_tiny(n_ctx=2048)
+    _, messages = talk(cache, LONG_QUESTIONS)
+    edited = edited_conversation(messages, index, text)
+    result = cache.chat(edited, max_tokens=12, after_edit="reuse")
+    # Kept: the calls before the edit; moved: the rest of the old stream the new prompt holds again,
+    # its answers included; computed: the edited message, the new question and template markup around them.
+    new_text = len(cache.model.tokenize(text, special=False)) + len(cache.model.tokenize(edited[-1]["content"],
+                                                                                        special=False))
+    assert result.uncached_tokens <= new_text + 16
+    assert result.cached_tokens + result.uncached_tokens == cache.chat_prompt(edited).end
+    assert result.tiers == {"#conversation": "context"} and result.token_ids
+    baseline = cache.chat(edited, max_tokens=12, use_cache=False)
+    assert result.prompt_tokens == baseline.prompt_tokens
+    # The repair computes the moved cells again, as the full prefill does: the next turn answers as it.
+    cache.wait_idle()
+    follow_up = edited + [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Why?"}]
+    again = cache.chat(follow_up, max_tokens=12, after_edit="reuse")
+    assert again.cached_tokens >= result.prompt_tokens
+    assert again.token_ids == cache.chat(follow_up, max_tokens=12, use_cache=False).token_ids
+
+
+def test_after_edit_reuse_finds_the_old_turns_in_ram_when_the_slot_is_gone(make_tiny):
+    cache = make_tiny(n_ctx=2048, parallel=1, store=False)
+    _, messages = talk(cache, LONG_QUESTIONS)
+    talk(cache, ["Name a mountain."])  # takes the only slot
+    edited = edited_conversation(messages, 1, "Tell me about lakes.")
+    recomputed = cache.chat(edited, max_tokens=12)
+    assert recomputed.cached_tokens == 0  # the default: everything after the edit (here, all) is computed
+    cache.wait_idle()
+    talk(cache, ["Name a mountain."])  # the slot is taken again; the edit's own tip is in RAM now too
+    edited = edited_conversation(messages, 1, "Tell me about seas.")
+    result = cache.chat(edited, max_tokens=12, after_edit="reuse")
+    assert result.tiers == {"#conversation": "ram"}
+    assert result.cached_tokens > cache.chat_prompt(edited).end - 40 and result.token_ids
+
+
+def test_after_edit_must_be_recompute_or_reuse(make_tiny):
+    with pytest.raises(PromptCacheError, match="after_edit='always' is not a choice"):
+        make_tiny().chat([{"role": "user", "content": "x"}], after_edit="always")

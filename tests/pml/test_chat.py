@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptError
-from pc_cpu.pml.chat import ChatMessage, ChatTemplate, chat_prompt, check_messages, common_prefix, prefix_digests
+from pc_cpu.pml.chat import (ChatMessage, ChatTemplate, MovedRun, chat_prompt, check_after_edit, check_messages,
+                             common_prefix, moved_runs, prefix_digests)
 from tests.fake_tokenizer import WordTokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -147,3 +148,26 @@ def test_a_template_that_refuses_the_roles_is_a_prompt_error():
 ])
 def test_common_prefix_counts_the_first_tokens_two_sequences_share(a, b, limit, shared):
     assert common_prefix(a, b, limit) == shared
+
+
+def test_an_edited_message_leaves_the_turns_after_it_as_one_run_moved_by_the_change_in_length():
+    before, edited, after = list(range(100, 140)), list(range(500, 510)), list(range(200, 300))
+    old = [1, 2, 3] + before + after + [7, 8]  # the old stream: its last tokens are the old answer's
+    new = [1, 2, 3] + edited + after + [9]
+    (run,) = moved_runs(old, new, 3, len(new) - 1)
+    assert run == MovedRun(3 + len(before), 3 + len(edited), len(after))
+    assert run.delta == len(edited) - len(before) and new[run.new_start:run.new_end] == old[run.old_start:run.old_end]
+
+
+def test_a_deleted_message_and_runs_shorter_than_the_minimum_are_handled():
+    kept, deleted, rest = list(range(40)), list(range(1000, 1050)), list(range(2000, 2060))
+    old, new = kept + deleted + rest, kept + rest + [5]
+    assert moved_runs(old, new, 40, len(new) - 1) == (MovedRun(90, 40, 60),)
+    assert moved_runs(old, new, 40, len(new) - 1, min_tokens=61) == ()
+    assert moved_runs(old, kept + list(range(3000, 3100)), 40, 139) == ()  # nothing in common after the edit
+
+
+def test_after_edit_is_recompute_or_reuse():
+    assert check_after_edit("reuse") == "reuse"
+    with pytest.raises(PromptError, match="after_edit='move' is not a choice: use 'recompute'"):
+        check_after_edit("move")

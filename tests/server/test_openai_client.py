@@ -68,3 +68,19 @@ def test_plain_chat_answers_as_the_full_prefill_and_reuses_the_previous_turn(oai
 def test_a_conversation_that_cannot_be_answered_is_a_bad_request_naming_why(oai, messages, fragment):
     with pytest.raises(openai.BadRequestError, match=fragment):
         oai.chat.completions.create(model="tiny", messages=messages, max_tokens=3)
+
+
+def test_after_edit_reuse_moves_the_turns_after_an_edited_message_and_a_bad_value_is_refused(oai, server_cache):
+    notes = "My notes: " + " ".join(f"boat fact {i} is worth a line." for i in range(8))
+    messages = [CONVERSATION[0], {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": notes}]
+    first = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    server_cache.wait_idle()
+    edited = [CONVERSATION[0], {"role": "user", "content": "Hello there."}] + messages[2:] + [
+        {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Why?"}]
+    reused = oai.chat.completions.create(model="tiny", messages=edited, max_tokens=8, temperature=0,
+                                         extra_body={"after_edit": "reuse"})
+    # The notes and the answer after the edited message are moved, not computed.
+    assert reused.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens - 12
+    with pytest.raises(openai.UnprocessableEntityError, match="after_edit='sometimes': use one of recompute, reuse"):
+        oai.chat.completions.create(model="tiny", messages=edited, max_tokens=3, extra_body={"after_edit": "sometimes"})
