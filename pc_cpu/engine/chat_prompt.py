@@ -49,7 +49,10 @@ CONVERSATION = "#conversation"  # the key of a conversation's history in a Resul
 # an agent) gets it computed on the answer's cells as generated, without waiting for a repair it
 # would not use; a person reading the answer leaves far more time than this.
 REPAIR_DELAY_S = 0.25
-_HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, how, tokens, exact_until)
+# The first field of a conversation's Head: (_HEAD, how, tokens, exact_until, answer_start). Cells from
+# answer_start on are the last answer's as generated; before it, cells from exact_until on were moved
+# (after_edit="reuse").
+_HEAD = "chat"
 ASSEMBLED = "documents"  # `how` of cells whose documents were encoded apart and moved (pml.chat.prefix_digests)
 
 
@@ -284,11 +287,13 @@ class ChatWork:
         """Returns the held cells this turn keeps and where its cells stop being the full prefill's then."""
         if not self.use_cache or not held.cells or held.cells[0] != _HEAD:
             return 0, 0
-        _, _, tokens, exact_until = held.cells
+        _, _, tokens, exact_until, answer_start = held.cells
         prompt = self.prompt
         lcp = common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
         exact = prompt.cut_at_or_before(min(lcp, exact_until))
-        if lcp > exact_until:  # the match goes on into an answer's cells as generated (not repaired yet): all kept
+        if lcp > exact_until and (exact_until >= answer_start or self.after_edit == "reuse"):
+            # The match goes on into an answer's cells as generated (not repaired yet), or into moved
+            # cells that this turn accepts: all kept.
             return (lcp, exact_until) if self.cells.can_cut or lcp == len(tokens) else (0, 0)
         keep, exact_after = exact, prompt.end
         if (not self.cells.can_cut and keep != len(tokens)) or keep < prompt.documents_end:
@@ -313,7 +318,7 @@ class ChatWork:
         if not self.use_cache:
             return None  # the baseline leaves nothing behind: a cached turn after it must not find its cells
         tokens = self.prompt.tokens + answer.tokens[:answer.decoded]
-        return Head((_HEAD, self._how, tokens, min(self._exact_until, len(tokens))), len(tokens))
+        return Head((_HEAD, self._how, tokens, min(self._exact_until, len(tokens)), self.prompt.end), len(tokens))
 
     def idle_task(self, answer: Answer) -> IdleTask | None:
         """Returns the repair of this turn: its answer computed again as the full prefill does, then stored; or None.
@@ -334,10 +339,10 @@ class ChatWork:
 
         def save(slot: int) -> Head:
             cells.save(following, end, slot, how)
-            return Head((_HEAD, how, tokens, end), end)
+            return Head((_HEAD, how, tokens, end, end), end)
 
         def stopped(done: int) -> Head:
-            return Head((_HEAD, how, tokens[:done], done), done)
+            return Head((_HEAD, how, tokens[:done], done, done), done)
 
         return IdleTask(("conversation", tokens), tokens[start:], save, start=start,
                         base=self.kept_head(answer), calls=tuple(c for c in following.cuts if start < c < end),

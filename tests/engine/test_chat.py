@@ -215,3 +215,13 @@ def test_after_edit_reuse_finds_the_old_turns_in_ram_when_the_slot_is_gone(make_
 def test_after_edit_must_be_recompute_or_reuse(make_tiny):
     with pytest.raises(PromptCacheError, match="after_edit='always' is not a choice"):
         make_tiny().chat([{"role": "user", "content": "x"}], after_edit="always")
+
+
+def test_a_recompute_turn_never_keeps_cells_that_a_reuse_turn_moved(make_tiny):
+    cache = make_tiny(n_ctx=2048)
+    _, messages = talk(cache, LONG_QUESTIONS)
+    edited = edited_conversation(messages, 1, "Tell me about lakes.")
+    moved = cache.chat(edited, max_tokens=12, after_edit="reuse")  # no pause: its stream is not repaired
+    result = cache.chat(edited, max_tokens=12)
+    assert result.cached_tokens < moved.cached_tokens
+    assert result.token_ids == cache.chat(edited, max_tokens=12, use_cache=False).token_ids
