@@ -17,7 +17,9 @@ Scenarios (each on passages of its own, so no conversation finds another's cells
 - "interleaved": --conversations conversations, turns sent round-robin (turn 1 of each, then
   turn 2 of each...); pc_cpu keeps each in a prompt slot of its own (parallel=4), Llama one prefix;
 - "edit": the single (pause) conversation's last request, resent with its 2nd user message's
-  question changed (message index 3: the system message is message 0).
+  question changed (message index 3: the system message is message 0): pc_cpu's default
+  (after_edit="recompute"), Llama and the full prefill; then the original request again (its
+  stream back in the slot, untimed) and the edited one with after_edit="reuse".
 
 Modes:
 - "pause": a user reads each answer; pc.wait_idle() runs after every pc_cpu turn (pc_cpu then
@@ -35,6 +37,7 @@ its text (PromptCache.chat_prompt(..., add_generation_prompt=False).answers[-1])
 
     python bench/chat_turns.py [--model NAME ...] [--threads 2] [--turns 12] [--turn-tokens 150]
         [--answer-tokens 64] [--conversations 4] [--repeats 1] [--modes pause,back-to-back]
+        [--scenarios single,interleaved]
         [--out bench/results/chat_turns.json] [--plot bench/conversation_ttft.png] [--quick]
 """
 
@@ -156,10 +159,12 @@ def user_turns(tokenize, count: int, turn_tokens: int) -> tuple[list[Turn], str]
 # --- one request per system ----------------------------------------------------------------------
 
 
-def pc_turn(pc: PromptCache, messages: list[dict], max_tokens: int, *, use_cache: bool) -> dict:
+def pc_turn(pc: PromptCache, messages: list[dict], max_tokens: int, *, use_cache: bool,
+            after_edit: str = "recompute") -> dict:
     """Returns one pc_cpu answer's timings, counts, tier and tokens (stream_chat, consumed to its end)."""
     t0 = time.perf_counter()
-    stream = pc.stream_chat(messages, max_tokens=max_tokens, use_cache=use_cache, temperature=0.0)
+    stream = pc.stream_chat(messages, max_tokens=max_tokens, use_cache=use_cache, temperature=0.0,
+                            after_edit=after_edit)
     first = None
     for _ in stream:
         if first is None:
@@ -346,14 +351,22 @@ def run_edit(pc: PromptCache, peer: LlamaPeer, conversation: Conversation, answe
     pc.wait_idle()
     llama = peer.turn(edited, answer_tokens)
     full = pc_turn(pc, edited, answer_tokens, use_cache=False)
+    # after_edit="reuse" on the original conversation's stream again (the edit above replaced it there).
+    pc_turn(pc, original, answer_tokens, use_cache=True)
+    pc.wait_idle()
+    reuse = pc_turn(pc, edited, answer_tokens, use_cache=True, after_edit="reuse")
+    pc.wait_idle()
     llama.pop("_prompt")
-    same = cached.pop("token_ids") == full.pop("token_ids")
+    full_tokens = full.pop("token_ids")
+    same = cached.pop("token_ids") == full_tokens
+    reuse_same = reuse.pop("token_ids") == full_tokens
     return {"edited_message_index": EDITED_INDEX, "edited_message": "the 2nd user message (message 0 is the system)",
             "edited_question": EDITED_QUESTION, "prompt_tokens": len(after), "first_edited_token": first_edited,
             "edited_message_tokens": message_tokens, "tokens_from_edit_to_end": len(after) - first_edited,
-            "pc_cpu": cached, "Llama": llama, "full prefill": full,
-            "cached_answer_equals_full_prefill": same,
-            "speedup_vs_full_prefill": round(full["ttft_ms"] / cached["ttft_ms"], 2)}
+            "pc_cpu": cached, "Llama": llama, "full prefill": full, "pc_cpu after_edit=reuse": reuse,
+            "cached_answer_equals_full_prefill": same, "reuse_answer_equals_full_prefill": reuse_same,
+            "speedup_vs_full_prefill": round(full["ttft_ms"] / cached["ttft_ms"], 2),
+            "reuse_speedup_vs_full_prefill": round(full["ttft_ms"] / reuse["ttft_ms"], 2)}
 
 
 def print_progress(record: dict) -> None:
@@ -398,6 +411,8 @@ def run_model(model: str, args) -> dict:
         for repeat in range(args.repeats):
             runs = {"scenarios": {}, "conversations": {}}
             for scenario, count in (("single", 1), ("interleaved", args.conversations)):
+                if scenario not in args.scenarios:
+                    continue
                 for mode in args.modes:
                     name = f"{scenario}/{mode}"
                     print(f"{report['model']}: repeat {repeat + 1}, {name}", file=sys.stderr, flush=True)
@@ -456,9 +471,12 @@ def summarize(report: dict, turns: int) -> dict:
             row["median_repair_ms"] = round(statistics.median(r["repair_ms"] for r in records), 1)
         summary[name] = row
     if "edit" in report["repeats"][0]:
-        summary["edit"] = [{k: runs["edit"][k] for k in ("prompt_tokens", "edited_message_tokens",
-                                                          "tokens_from_edit_to_end", "speedup_vs_full_prefill")}
-                           | {f"{s} {k}": runs["edit"][s][k] for s in SYSTEMS
+        edit_systems = SYSTEMS + ("pc_cpu after_edit=reuse",)
+        summary["edit"] = [{k: runs["edit"].get(k) for k in ("prompt_tokens", "edited_message_tokens",
+                                                              "tokens_from_edit_to_end", "speedup_vs_full_prefill",
+                                                              "reuse_speedup_vs_full_prefill",
+                                                              "reuse_answer_equals_full_prefill")}
+                           | {f"{s} {k}": runs["edit"][s][k] for s in edit_systems if s in runs["edit"]
                               for k in ("ttft_ms", "cached_tokens", "computed_tokens")}
                            for runs in report["repeats"]]
     return summary
@@ -593,6 +611,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also write the conversations and answers (third-party passages and model outputs: "
                              "never into the repository)")
     parser.add_argument("--modes", default=",".join(MODES), help="pause, back-to-back, or both (comma-separated)")
+    parser.add_argument("--scenarios", default="single,interleaved",
+                        help="single, interleaved, or both (comma-separated); the edit runs after single/pause")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/chat_turns.json")
     parser.add_argument("--plot", type=Path, default=REPO / "bench/conversation_ttft.png")
     parser.add_argument("--quick", action="store_true",
@@ -601,6 +621,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if set(args.modes) - set(MODES):
         parser.error(f"--modes: choose from {', '.join(MODES)}")
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if not args.scenarios or set(args.scenarios) - {"single", "interleaved"}:
+        parser.error("--scenarios: choose from single, interleaved")
     if args.quick:
         args.model = args.model or ["smollm2-135m"]
         args.turns, args.turn_tokens, args.answer_tokens, args.conversations = 3, 80, 16, 2

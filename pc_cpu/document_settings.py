@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pc_cpu.errors import PromptCacheError
 
 SETTINGS = ("fast", "accurate")  # the names ask(setting=...) and `pc-cpu ask --setting` take
-CLOSE_PTS = 2.5  # a loss this small is noise at the n we measure (issue 28's goal)
+CLOSE_PTS = 2.5  # a loss this small is noise at the n we measure (the goal of `pc-cpu bench documents accuracy`)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ TABLE: dict[str, ModelDocuments] = {
     #     measured 2026-12-03)
     "gemma3-270m": ModelDocuments(fast=_GEMMA_FAST, accurate=EXACT),
     # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 2 --n 300 --split odd
-    #     --policy 0 --policy relevant:1   (full prefill 55.3%; session 17)
+    #     --policy 0 --policy relevant:1   (full prefill 55.3%; measured 2026-12-03)
     "qwen2.5-coder-0.5b": ModelDocuments(
         fast=DocumentSetting("0", vs_full_pts=-17.3, interval=(-23.7, -11.3), speedup=16.9, n=300),
         # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 1 --n 100 --split odd --task nq

@@ -1,4 +1,4 @@
-"""Documents against the full prefill: paired accuracy and TTFT of `ask` variants (issue 28).
+"""Documents against the full prefill: paired accuracy and TTFT of `ask` variants.
 
     pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 \
         --order given --n 300 --split odd --out q05_odd.jsonl --results bench/RESULTS.md
@@ -17,7 +17,7 @@ over the same documents in the same order: the item's question is asked once unr
 `prefix="first"` (it computes and stores the exact prefix), then again, recorded, as a user would
 (`prefix="background"`); that answer restores the exact prefix and computes only the question.
 
-Tuning uses the even lines of the data files, reporting the odd ones (issue 28): `--split`.
+Tuning uses the even lines of the data files, reporting the odd ones: `--split`.
 
 Between answers the resident cells are dropped (`PromptCache.evict`), so every cached answer
 restores its documents from the RAM tier, as a question over documents not asked about a moment
@@ -44,7 +44,7 @@ EXACT_RAM = "exact-ram"  # the same, with the prefix's stream dropped in between
 REPEATED = (EXACT, EXACT_RAM)  # variants that are not recompute policies
 SPLITS = ("odd", "even", "all")
 TASKS = ("nq", "kv")
-GOAL_PTS = 2.5  # issue 28: within 2.5 points of the full prefill
+GOAL_PTS = 2.5  # the goal: within 2.5 points of the full prefill
 GOAL_SPEEDUP = 10.0  # at >= 10x its TTFT
 
 

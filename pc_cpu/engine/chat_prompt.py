@@ -3,7 +3,7 @@
 Where the earlier turns' cells come from, best first:
 - a free slot's stream that still holds them (the conversation's last turn, or another one
   sharing its first messages): kept up to the longest common prefix that ends on a call
-  boundary (pc_cpu.pml.chat), or whole with the answer's cells as they were generated;
+  boundary (pc_cpu.pml.chat) where its cells are the full prefill's;
 - a stored tip: after each answer, once the scheduler is idle, the answer is computed again as
   a full prefill computes it (one call after the cells before it), and the conversation's
   cells up to the answer's end are stored under a digest of their tokens and calls. The next
@@ -21,12 +21,14 @@ computed after the old message, so the answer is not the full prefill's (bench/R
 "Conversations", measures how far); the idle repair then computes them again, so the turn after
 next is exact once more.
 
-Exactness: a turn answers token for token as the full prefill of the same messages when its
-history's cells are the full prefill's, which they are once the last answer's repair has run
-(a decode of the answer's tokens while nothing else runs, a fraction of a second). A turn sent
-before that reuses the answer's cells as they were generated, one token at a time: the same
-tokens, but llama.cpp's CPU kernels give other bits for one row than for a batch, so a near-tie
-can go the other way (bench/RESULTS.md, "Conversations", measures how often).
+Exactness: a turn answers token for token as the full prefill of the same messages, because it
+keeps only cells that are the full prefill's. An answer's cells as generated are not: they were
+computed one token at a time, and llama.cpp's CPU kernels give other bits for one row than for a
+batch, so a near-tie can go the other way. The repair (a decode of the answer's tokens as one call
+while nothing else runs, a fraction of a second) makes them so; a turn sent before it (back to
+back) computes the answer again itself, in the same call. after_edit="reuse" accepts cells that
+are not the full prefill's, the answer's as generated included: faster, not exact
+(bench/RESULTS.md, "Conversations", measures how often answers differ).
 """
 
 from __future__ import annotations
@@ -39,20 +41,17 @@ from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.documents import DocumentEncoder, Piece
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
 from pc_cpu.kvstate import ops
-from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest, moved_runs,
-                             prefix_digests)
+from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest,
+                             moved_runs, prefix_digests)
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
 CONVERSATION = "#conversation"  # the key of a conversation's history in a Result's tiers
 # The repair waits this long after an answer: a client that sends its next turn at once (a script,
-# an agent) gets it computed on the answer's cells as generated, without waiting for a repair it
-# would not use; a person reading the answer leaves far more time than this.
+# an agent) computes the answer again in that turn, without first waiting for a repair that does
+# the same; a person reading the answer leaves far more time than this.
 REPAIR_DELAY_S = 0.25
-# The first field of a conversation's Head: (_HEAD, how, tokens, exact_until, answer_start). Cells from
-# answer_start on are the last answer's as generated; before it, cells from exact_until on were moved
-# (after_edit="reuse").
-_HEAD = "chat"
+_HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, how, tokens, exact_until)
 ASSEMBLED = "documents"  # `how` of cells whose documents were encoded apart and moved (pml.chat.prefix_digests)
 
 
@@ -287,13 +286,14 @@ class ChatWork:
         """Returns the held cells this turn keeps and where its cells stop being the full prefill's then."""
         if not self.use_cache or not held.cells or held.cells[0] != _HEAD:
             return 0, 0
-        _, _, tokens, exact_until, answer_start = held.cells
+        _, _, tokens, exact_until = held.cells
         prompt = self.prompt
         lcp = common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
         exact = prompt.cut_at_or_before(min(lcp, exact_until))
-        if lcp > exact_until and (exact_until >= answer_start or self.after_edit == "reuse"):
-            # The match goes on into an answer's cells as generated (not repaired yet), or into moved
-            # cells that this turn accepts: all kept.
+        if lcp > exact_until and self.after_edit == "reuse":
+            # The match goes on into cells that are not the full prefill's (an answer's as generated, not
+            # repaired yet; cells moved after an edit), which this turn accepts: all kept. Otherwise the
+            # turn computes them again from the boundary before them, as the repair would.
             return (lcp, exact_until) if self.cells.can_cut or lcp == len(tokens) else (0, 0)
         keep, exact_after = exact, prompt.end
         if (not self.cells.can_cut and keep != len(tokens)) or keep < prompt.documents_end:
@@ -318,7 +318,7 @@ class ChatWork:
         if not self.use_cache:
             return None  # the baseline leaves nothing behind: a cached turn after it must not find its cells
         tokens = self.prompt.tokens + answer.tokens[:answer.decoded]
-        return Head((_HEAD, self._how, tokens, min(self._exact_until, len(tokens)), self.prompt.end), len(tokens))
+        return Head((_HEAD, self._how, tokens, min(self._exact_until, len(tokens))), len(tokens))
 
     def idle_task(self, answer: Answer) -> IdleTask | None:
         """Returns the repair of this turn: its answer computed again as the full prefill does, then stored; or None.
@@ -339,10 +339,10 @@ class ChatWork:
 
         def save(slot: int) -> Head:
             cells.save(following, end, slot, how)
-            return Head((_HEAD, how, tokens, end, end), end)
+            return Head((_HEAD, how, tokens, end), end)
 
         def stopped(done: int) -> Head:
-            return Head((_HEAD, how, tokens[:done], done, done), done)
+            return Head((_HEAD, how, tokens[:done], done), done)
 
         return IdleTask(("conversation", tokens), tokens[start:], save, start=start,
                         base=self.kept_head(answer), calls=tuple(c for c in following.cuts if start < c < end),

@@ -72,7 +72,8 @@ def test_bad_sizes_are_refused(fake_dir):
 
 def test_a_run_is_split_by_slicing_its_items_not_by_asking_for_fewer(fake_dir):
     # NQ distractors are drawn after the questions from one generator, so an 8-item run's items 4..7
-    # are other prompts than items 4..7 of a 10-item run (session 14 split a run that way by mistake).
+    # are other prompts than items 4..7 of a 10-item run (a run was split that way by mistake on 2026-12-02:
+    # bench/RESULTS.md, "Recompute policies on Qwen2.5-0.5B PML prompts").
     whole = evaldata.run_items("nq", 3, 10)
     fewer = evaldata.run_items("nq", 3, 8)
     assert [it.index for it in fewer] == [it.index for it in whole[:8]]

@@ -48,15 +48,27 @@ def test_every_turn_answers_as_the_full_prefill_of_its_messages_and_reuses_the_t
         assert result.tiers == {"#conversation": "context"}
 
 
-def test_a_turn_sent_before_the_repair_reuses_the_answer_as_generated(make_smollm2_cache):
+def test_a_turn_sent_before_the_repair_computes_the_answer_again_and_answers_as_the_full_prefill(make_smollm2_cache):
     cache = make_smollm2_cache(n_ctx=2048)
-    results, messages = talk(cache, QUESTIONS[:2], pause=False, max_tokens=8)  # answers cut by max_tokens
-    first, second = results
+    results, messages = talk(cache, QUESTIONS, pause=False, max_tokens=8)  # back to back; answers cut by max_tokens
+    for turn, result in enumerate(results):
+        assert result.token_ids == cache.chat(messages[:2 + 2 * turn], max_tokens=8, use_cache=False).token_ids
+    first, second, _ = results
     layout = cache.chat_prompt(messages[:3], add_generation_prompt=False)
     start, end = layout.answers[-1]
     assert layout.tokens[start:end] == tuple(first.token_ids)  # the text sent back gives the generated tokens
-    # Every cell the first turn left: its prompt and its answer but the last token (sampled, never decoded).
-    assert second.cached_tokens == first.prompt_tokens + len(first.token_ids) - 1
+    # Its prompt, at least: the answer's cells as generated are computed again (or were repaired, if the
+    # machine was slow enough for the repair to start first).
+    assert second.cached_tokens >= first.prompt_tokens and second.tiers == {"#conversation": "context"}
+
+
+def test_after_edit_reuse_keeps_an_answers_cells_as_generated(make_smollm2_cache):
+    cache = make_smollm2_cache(n_ctx=2048)
+    results, _ = talk(cache, QUESTIONS[:2], pause=False, max_tokens=8, after_edit="reuse")
+    first, second = results
+    # Every cell the first turn left: its prompt and its answer but the last token (sampled, never
+    # decoded); all of the answer if the repair ran first.
+    assert second.cached_tokens >= first.prompt_tokens + len(first.token_ids) - 1
     assert second.tiers == {"#conversation": "context"}
 
 

@@ -1,5 +1,5 @@
 """Exact when it can be: a question whose exact prefix (preamble and documents computed together) is stored answers
-as the full prefill does, token for token (issue 38, item 5)."""
+as the full prefill does, token for token."""
 
 from __future__ import annotations
 
