@@ -1,4 +1,4 @@
-"""Exploration for issue 28: does a K scale on documents' cached cells (APE's attention temperature) close the gap?
+"""Exploration: does a K scale on documents' cached cells (APE's attention temperature) close the gap to the full prefill?
 
 APE (Yang, Chen, Chen, ICLR 2025) divides the attention logits of parallel-encoded contexts by a
 temperature. A logit is q·k, so scaling the cached K of every document cell by s is a temperature
@@ -6,7 +6,7 @@ of 1/s on those cells alone; RoPE is linear, so the scale commutes with the rota
 scales the K rows of the document cells in the blob `ask` restores (the preamble's and the
 question's cells are untouched), through a patch of pc_cpu.engine.documents, and scores NQ
 answers against the full prefill of the same tokens, paired. Tuning data only: NQ questions whose
-line in the file is even (issue 28 keeps the odd ones for reporting).
+line in the file is even (the odd ones are kept for reporting, as in `pc-cpu bench documents accuracy`).
 
 Not a product path: the patch and the reading of blob internals are for this measurement.
 

@@ -1,4 +1,4 @@
-"""Throughput and TTFT of N concurrent prompts that share one ~2,000-token module (issue: serving).
+"""Throughput and TTFT of N concurrent prompts that share one ~2,000-token module (serving).
 
 Shared: prompts import the module, so every prompt's sequence holds the same
 cells (seq_cp) and they decode together in one batch per step. Private: the same

@@ -148,7 +148,7 @@ policies_option = click.option(
 class _RecomputeGroup(click.Group):
     """The `recompute` group; a command line of the single command it replaced (options, no subcommand) still works.
 
-    Earlier issues and bench/RESULTS.md wrote `pc-cpu bench recompute --n 200 ...` (now `run`) and
+    Older command lines in bench/RESULTS.md ran `pc-cpu bench recompute --n 200 ...` (now `run`) and
     `pc-cpu bench recompute --summary A --versus B` (now `summarize A --versus B`).
     """
 

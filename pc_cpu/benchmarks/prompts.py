@@ -1,6 +1,6 @@
 """Builds the PML schemas and prompts of the accuracy tasks (the lost-in-the-middle prompt wording).
 
-Layouts of the passages (the issue's settings, kept apart in every table):
+Layouts of the passages (kept apart in every table):
 - "single": all passages in ONE module (prefix-like reuse, the paper's own LongBench setting);
 - "modular": each passage its own module, encoded apart;
 - "scaffold": modular, plus a scaffold over all passages, so importing them all uses the joint encoding.
