@@ -122,13 +122,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     blocks = item_blocks(load_nq(), args.lines, args.n)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()  # the code that runs, not what is committed meanwhile
     pc = PromptCache(args.model, n_ctx=4096, threads=args.threads, store=False, parallel=2)
     try:
         records = run(pc, blocks, args.answer_tokens)
     finally:
         pc.close()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
     report = {"date": datetime.date.today().isoformat(), "commit": commit,
               "command": "python bench/chat_edit_accuracy.py " + " ".join(sys.argv[1:]),
               "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads",

@@ -33,6 +33,8 @@ are not the full prefill's, the answer's as generated included: faster, not exac
 
 from __future__ import annotations
 
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -66,14 +68,58 @@ class Found:
     tokens: tuple[int, ...] | None = None  # the tip's tokens, when it holds more than the `keep` the turn shares
 
 
+@dataclass(frozen=True)
+class Tip:
+    """A stored tip as this process knows it: its key, its cells' count and their tokens."""
+
+    key: StoreKey
+    end: int
+    tokens: array  # array("i"): 4 bytes a token, where a tuple of ints takes ~36
+
+
+class TipIndex:
+    """The tips stored by this process, by the digests of the prefixes and the answers they hold; the newest MAX_TIPS.
+
+    A digest names the newest tip that holds it. Older tips are forgotten beyond MAX_TIPS (their
+    cells stay in the tiers, under their own keys), so a server's index does not grow without end.
+    """
+
+    MAX_TIPS = 4096
+
+    def __init__(self):
+        self._tips: OrderedDict[StoreKey, tuple[Tip, tuple[str, ...]]] = OrderedDict()  # oldest first
+        self._prefixes: dict[str, Tip] = {}  # digest of a prefix (pml.chat.prefix_digests) -> the tip holding it
+        self._answers: dict[str, Tip] = {}  # digest of an answer's tokens (pml.chat.content_digest) -> likewise
+
+    def add(self, tip: Tip, prefixes: tuple[str, ...], answers: tuple[str, ...]) -> None:
+        self._tips.pop(tip.key, None)
+        self._tips[tip.key] = (tip, prefixes + answers)
+        self._prefixes.update(dict.fromkeys(prefixes, tip))
+        self._answers.update(dict.fromkeys(answers, tip))
+        while len(self._tips) > self.MAX_TIPS:
+            old, digests = self._tips.popitem(last=False)[1]
+            for index in (self._prefixes, self._answers):
+                for digest in digests:
+                    if index.get(digest) is old:
+                        del index[digest]
+
+    def holding_prefix(self, digest: str) -> Tip | None:
+        return self._prefixes.get(digest)
+
+    def holding_answer(self, digest: str) -> Tip | None:
+        return self._answers.get(digest)
+
+    def __len__(self) -> int:
+        return len(self._tips)
+
+
 class ConversationCells:
     """Finds and keeps conversations' cells in the byte tiers: tips keyed by their tokens and calls.
 
     A tip is stored once per turn, and the tips it extends are dropped (their cells are its
     first cells): a conversation costs its cells once, however many turns it has. Their keys
-    stay findable in this process through `_index` (digest of a prefix -> the tip holding it),
-    so an edited conversation still restores the turns before the edit; a new process finds a
-    conversation by its latest tip.
+    stay findable in this process through `tips` (TipIndex), so an edited conversation still
+    restores the turns before the edit; a new process finds a conversation by its latest tip.
     """
 
     def __init__(self, cells: CellStore, model_id: str, *, can_cut: bool, mover: DocumentEncoder | None = None):
@@ -81,10 +127,7 @@ class ConversationCells:
         self.model_id = model_id
         self.can_cut = can_cut  # False on sliding-window models: a stream cut short misses window cells
         self.mover = mover  # moves cut cells (after_edit="reuse"), as documents are moved; None: never moved
-        self._index: dict[str, tuple[StoreKey, int, tuple[int, ...]]] = {}  # prefix digest -> its tip, end, tokens
-        # An answer's tokens -> the latest tip holding it (end, tokens): an edited conversation's old turns,
-        # whatever was edited before them (after_edit="reuse"; conversations without documents).
-        self._answers: dict[str, tuple[StoreKey, int, tuple[int, ...]]] = {}
+        self.tips = TipIndex()
 
     @property
     def can_move(self) -> bool:
@@ -114,11 +157,11 @@ class ConversationCells:
         if not self.can_move or prompt.documents is not None:
             return None
         for lo, hi in reversed(prompt.answers):
-            tip = self._answers.get(content_digest(prompt.tokens[lo:hi]))
-            stored = None if tip is None else self.cells.get(tip[0], (0, tip[1]))
+            tip = self.tips.holding_answer(content_digest(prompt.tokens[lo:hi]))
+            stored = None if tip is None else self.cells.get(tip.key, (0, tip.end))
             if stored is not None:
-                keep = prompt.cut_at_or_before(common_prefix(tip[2], prompt.tokens, prompt.end - 1))
-                return Found(stored[0], keep, stored[1], "", tip[2])
+                keep = prompt.cut_at_or_before(common_prefix(tip.tokens, prompt.tokens, prompt.end - 1))
+                return Found(stored[0], keep, stored[1], "", tuple(tip.tokens))
         return None
 
     def _stored(self, digest: str, cut: int) -> tuple[bytes, Tier, tuple[int, ...] | None] | None:
@@ -129,11 +172,11 @@ class ConversationCells:
         stored = self.cells.get(self.key(digest, cut), (0, cut))
         if stored is not None:
             return stored + (None,)
-        tip = self._index.get(digest)
+        tip = self.tips.holding_prefix(digest)
         if tip is None or not self.can_cut:
             return None
-        stored = self.cells.get(tip[0], (0, tip[1]))
-        return None if stored is None else stored + (tip[2],)
+        stored = self.cells.get(tip.key, (0, tip.end))
+        return None if stored is None else stored + (tuple(tip.tokens),)
 
     def save(self, prompt: ChatPrompt, end: int, slot: int, how: str) -> None:
         """Stores stream `slot`'s cells, `prompt`'s first `end`, as a tip; drops the stored tips it extends."""
@@ -141,13 +184,10 @@ class ConversationCells:
         digests = prefix_digests(prompt.tokens, cuts, cuts + (end,), how=how)
         tip = self.key(digests[end], end)
         self.cells.put(tip, slot, end, (0, end))
-        tokens = tuple(prompt.tokens[:end])
-        self._index[digests[end]] = (tip, end, tokens)
+        answers = () if prompt.documents is not None else tuple(  # found by answers: conversations without documents
+            content_digest(prompt.tokens[lo:hi]) for lo, hi in prompt.answers if hi <= end)
+        self.tips.add(Tip(tip, end, array("i", prompt.tokens[:end])), tuple(digests.values()), answers)
         for cut in cuts:
-            self._index[digests[cut]] = (tip, end, tokens)
-        if prompt.documents is None:
-            for lo, hi in prompt.answers:
-                self._answers[content_digest(tokens[lo:hi])] = (tip, end, tokens)
             older = self.key(digests[cut], cut)
             if self.can_cut and self.cells.store.contains(older):
                 self.cells.store.remove(older)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
+from pc_cpu.engine.chat_prompt import Tip, TipIndex
 from pc_cpu.errors import ContextOverflowError, PromptCacheError
+from pc_cpu.store.disk import DiskStore
+from pc_cpu.store.keys import StoreKey
 from tests.conftest import cache_factory
 from tests.engine.conftest import EVERY_MODEL, model_path
 
@@ -237,3 +242,23 @@ def test_a_recompute_turn_never_keeps_cells_that_a_reuse_turn_moved(make_tiny):
     result = cache.chat(edited, max_tokens=12)
     assert result.cached_tokens < moved.cached_tokens
     assert result.token_ids == cache.chat(edited, max_tokens=12, use_cache=False).token_ids
+
+
+def test_a_conversation_is_stored_once_however_many_turns_it_has(make_tiny, tmp_path):
+    cache = make_tiny(n_ctx=2048, store=tmp_path)
+    _, messages = talk(cache, QUESTIONS)
+    cache.close()
+    stored = [entry for entry in DiskStore(tmp_path).ls() if entry.key.mode == "chat"]
+    whole = make_tiny(n_ctx=2048, store=False).chat_prompt(messages, add_generation_prompt=False)
+    assert [entry.n_tokens for entry in stored] == [whole.answers[-1][1]]  # the last tip: every turn's cells
+
+
+def test_the_tip_index_keeps_the_newest_tips_and_forgets_only_what_names_the_oldest():
+    index = TipIndex()
+    index.MAX_TIPS = 2
+    tips = [Tip(StoreKey("m", f"t{i}", "chat"), 10, array("i", range(10))) for i in range(3)]
+    index.add(tips[0], ("p0", "shared"), ("a0",))
+    index.add(tips[1], ("p1",), ("a1",))
+    index.add(tips[2], ("p2", "shared"), ())  # "shared" now names the newest tip; tips[0] goes
+    assert len(index) == 2 and index.holding_prefix("p0") is None and index.holding_answer("a0") is None
+    assert index.holding_prefix("shared") is tips[2] and index.holding_answer("a1") is tips[1]
