@@ -33,7 +33,7 @@ import numpy as np
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.document_accuracy import questions
-from pc_cpu.engine.documents import Piece
+from pc_cpu.engine.documents import SavedCells
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.state_blob import graft_cells, layer_kv, section_layers
 
@@ -60,8 +60,8 @@ class Item:
         finally:
             self.ctx.seq_rm(self.slot)
         preamble = self.enc.preamble_blob(p.preamble)[0]
-        self.pieces = [Piece(preamble, 0)] + [
-            Piece(self.enc.document_blob(p.preamble, d.id, d.tokens)[0], d.start - p.home) for d in p.documents]
+        self.pieces = [SavedCells(preamble, 0)] + [
+            SavedCells(self.enc.document_blob(p.preamble, d.id, d.tokens)[0], d.start - p.home) for d in p.documents]
         self.cached = self._joined([self.enc.move(piece, self.slot) for piece in self.pieces])
         self.n_layer = section_layers(self.cached)[0]
 
@@ -127,7 +127,7 @@ class Item:
                 cells = bytes(ops.restream(ctx.state_get(ws), 1))
             finally:
                 ctx.seq_rm(ws)
-            blobs.append(self.enc.move(Piece(cells, doc.start - p.home - len(standin)), self.slot))
+            blobs.append(self.enc.move(SavedCells(cells, doc.start - p.home - len(standin)), self.slot))
         return self._joined(blobs)
 
     def score(self, cells: bytearray, answer: tuple[int, ...]) -> float:

@@ -37,7 +37,7 @@ from pc_cpu.engine.model import Model
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.recompute_pass import LibraryRoom
 from pc_cpu.engine.sampler import SamplingParams
-from pc_cpu.engine.scheduler import Failed, Job, Piece, Request, Scheduler
+from pc_cpu.engine.scheduler import Failed, Job, Request, Scheduler, Text
 from pc_cpu.engine.schema_prompt import SchemaPrompt
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.streams import open_prompt_streams
@@ -56,7 +56,7 @@ from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.roles import markup_from_template
 from pc_cpu.pml.schema import Schema, parse_schema
 from pc_cpu.progress import ProgressCallback, paced
-from pc_cpu.result import Result
+from pc_cpu.result import AddedDocument, Result
 from pc_cpu.schemas import LoadedSchema, Schemas
 from pc_cpu.store.disk import DiskStore, default_store_dir
 from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, library_directory
@@ -271,8 +271,13 @@ class PromptCache:
     # --- documents ------------------------------------------------------------
 
     def add_document(self, text: str, *, name: str | None = None, system: str | None = None,
-                     progress: ProgressCallback | None = None, cancel: threading.Event | None = None) -> str:
+                     progress: ProgressCallback | None = None,
+                     cancel: threading.Event | None = None) -> AddedDocument:
         """Returns the document's id after encoding it once (the same text always gets the same id).
+
+        The id is an AddedDocument: a str whose `tiers` say where the cells came from, e.g.
+        {"doc-1a2b...": "disk"} for a document a tier held, or {"doc-...": "encoded",
+        "#preamble": "ram"} for one this call computed after its system message's cells.
 
         The encoding goes to the store, so later processes sharing it encode nothing. A
         document is encoded after its preamble (pc_cpu.pml.documents): `system` encodes it
@@ -642,7 +647,7 @@ class Stream:
         if self._done:
             raise StopIteration
         event = self._request.events.get()
-        if isinstance(event, Piece):
+        if isinstance(event, Text):
             return event.text
         self._done = True
         if isinstance(event, Failed):

@@ -264,24 +264,18 @@ def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
     """Adds each (path, text) to the library, named by its file name; returns the ids and where each was found.
 
     Each document computed shows its progress on stderr (EncodeProgressBar); one found says nothing.
-    Where: "encoded" when this run computed it, else "disk" (a new process's RAM tier is empty, so
-    an encoding this run did not compute came from the disk tier). Keys as in Result.tiers: the
-    document ids, and "#preamble" for the system message's cells when adding needed them.
+    Where: the tiers add_document reports (AddedDocument.tiers), keyed as in Result.tiers: the
+    document ids, and "#preamble" for the system message's cells when adding needed them (a
+    preamble adding never needed is found or encoded by the question itself, whose Result tells).
     """
     ids: list[str] = []
     served: dict[str, str] = {}
     progress = EncodeProgressBar()
     for path, text in files:
-        before = pc.documents_encoded
-        doc_id = pc.add_document(text, name=Path(path).name, system=system, progress=progress)
-        # Adding computes the document unless a tier holds it; only then does it need the preamble,
-        # which it computes too (a 2) unless a tier holds it. A preamble adding never needed is
-        # found or encoded by the question itself, whose Result then tells which.
-        computed = pc.documents_encoded - before
-        served.setdefault(doc_id, "encoded" if computed else "disk")
-        if computed:
-            served.setdefault("#preamble", "encoded" if computed >= 2 else "disk")
-        ids.append(doc_id)
+        added = pc.add_document(text, name=Path(path).name, system=system, progress=progress)
+        for key, tier in added.tiers.items():
+            served.setdefault(key, tier)
+        ids.append(str(added))
     return ids, served
 
 

@@ -30,7 +30,7 @@ from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_prefix, check_q
 from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
-from pc_cpu.result import Tier
+from pc_cpu.result import AddedDocument, Tier
 from pc_cpu.store.documents import Document, DocumentLibrary, check_name, remove_document
 from pc_cpu.store.tiers import TieredStore
 
@@ -157,8 +157,8 @@ class Documents:
         return NewDocument(doc_id, text, name, tokens, preamble)
 
     def add(self, new: NewDocument, *, pace: Callable[[AfterBatch], AfterBatch], progress: ProgressCallback | None,
-            cancel: threading.Event | None) -> str:
-        """Returns the id of the document after its encoding is stored and it is registered in the library.
+            cancel: threading.Event | None) -> AddedDocument:
+        """Returns the id of the document, with the tiers that served it, once its encoding is stored and it is registered.
 
         `pace(report)` gives the callback the encoder calls after each batch (PromptCache._paced);
         the caller holds the adder's stream and the context lock around this call.
@@ -170,11 +170,12 @@ class Documents:
             tracker.computed(new.id, n)
             check_cancel(cancel, f"adding document {label}", "nothing was registered", AddCancelledError)
 
-        _, tier = self.adder.document_blob(new.preamble, new.id, new.tokens, on_computed=pace(report))
+        preamble: dict[str, Tier] = {}
+        _, tier = self.adder.document_blob(new.preamble, new.id, new.tokens, on_computed=pace(report), served=preamble)
         self.library.add(new.id, new.text, new.name)
         if tier == Tier.ENCODED:
             tracker.finished(new.id)
-        return new.id
+        return AddedDocument(new.id, {new.id: tier, **preamble})
 
     def remove(self, id_or_name: str) -> Document:
         """Returns the document it forgot, after deleting its encodings from every tier and its library entry.

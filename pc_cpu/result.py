@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 
+PREAMBLE = "#preamble"  # the key of a question's preamble (its system message's cells) in a Result's tiers
+
+
 class Tier(str, Enum):
     """Where an encoding a prompt used came from: the values of Result.tiers.
 
@@ -22,6 +25,23 @@ class Tier(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+
+class AddedDocument(str):
+    """A document's id, as PromptCache.add_document gives it, with where its cells came from.
+
+    A str (the id itself), so code that keeps the id keeps working. `tiers`: {the document id:
+    the Tier that served its cells, and "#preamble" (PREAMBLE): the tier of the system message's
+    cells when they were needed to compute the document}. ENCODED means this call computed them;
+    a document found in a tier needed no preamble.
+    """
+
+    tiers: dict[str, Tier]
+
+    def __new__(cls, doc_id: str, tiers: dict[str, Tier]) -> "AddedDocument":
+        added = super().__new__(cls, doc_id)
+        added.tiers = tiers
+        return added
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Callable
 
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.documents import DocumentEncoder, Piece
+from pc_cpu.engine.documents import DocumentEncoder, SavedCells
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
 from pc_cpu.kvstate import ops
 from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest,
@@ -204,7 +204,7 @@ class ConversationCells:
             return []
         whole = ops.restream(prompts.state_get(slot), 1)
         prompts.seq_rm(slot)
-        moved = [mover.move(Piece(mover.cut(whole, run.old_start, run.old_end, slot), run.delta), slot)
+        moved = [mover.move(SavedCells(mover.cut(whole, run.old_start, run.old_end, slot), run.delta), slot)
                  for run in runs]
         self.cells.restore(whole, slot)
         prompts.seq_rm(slot, keep, -1)

@@ -18,13 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from pc_cpu.engine.documents import DocumentEncoder, Piece
+from pc_cpu.engine.documents import DocumentEncoder, SavedCells
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask, same_head
 from pc_cpu.pml.documents import DocumentPrompt
-from pc_cpu.result import Tier
+from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.store.keys import StoreKey
 
-PREAMBLE = "#preamble"  # the key of the preamble in a Result's tiers
 
 # How a prompt's exact prefix was had (DocumentWork._exact): restored from a byte tier, found in a
 # free slot's stream, or computed by this prompt.
@@ -44,7 +43,7 @@ class DocumentWork:
     encoder: DocumentEncoder
     use_cache: bool
     prefix: str = "off"  # pc_cpu.pml.documents.PREFIXES: when the exact prefix is computed and used
-    _pieces: list[Piece] | None = None  # prepare's cells, until prefill restores them
+    _pieces: list[SavedCells] | None = None  # prepare's cells, until prefill restores them
     _exact: str | None = None  # STORED, HELD or COMPUTED once the exact prefix serves this prompt
     _exact_blob: bytes | None = None  # a STORED prefix's cells, until prefill restores them
 
@@ -59,10 +58,10 @@ class DocumentWork:
         prompt, encoder = self.prompt, self.encoder
         preamble_key, *doc_keys = self._keys
         blob, tier = encoder.preamble_blob(prompt.preamble, preamble_key)
-        pieces, tiers = [Piece(blob, 0)], {PREAMBLE: tier}
+        pieces, tiers = [SavedCells(blob, 0)], {PREAMBLE: tier}
         for doc, key in zip(prompt.documents, doc_keys):
             blob, tier = encoder.document_blob(prompt.preamble, doc.id, doc.tokens, key)
-            pieces.append(Piece(blob, doc.start - prompt.home))
+            pieces.append(SavedCells(blob, doc.start - prompt.home))
             tiers.setdefault(doc.id, tier)
         self._pieces = pieces
         return tiers

@@ -29,7 +29,7 @@ from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
-from pc_cpu.result import Tier
+from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.kvstate import ops
 from pc_cpu.store.documents import document_label, prefix_label
 from pc_cpu.store.keys import StoreKey
@@ -38,7 +38,7 @@ from pc_cpu.store.tiers import TieredStore
 
 
 @dataclass(frozen=True)
-class Piece:
+class SavedCells:
     """One saved part of a prompt: its cells' bytes (one stream, at their home) and where they go."""
 
     blob: bytes
@@ -99,18 +99,22 @@ class DocumentEncoder:
         return blob, Tier.ENCODED
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
-                      key: StoreKey | None = None, on_computed: OnComputed | None = None) -> tuple[bytes, Tier]:
+                      key: StoreKey | None = None, on_computed: OnComputed | None = None,
+                      served: dict[str, Tier] | None = None) -> tuple[bytes, Tier]:
         """Returns a document's cells, computed after `preamble` at its home, and the tier that served them.
 
         on_computed(n) hears of each decode batch of n document tokens; a document a tier holds
-        is not computed, and it hears nothing.
+        is not computed, and it hears nothing. `served` gets the preamble's tier under PREAMBLE
+        when the document is computed (only then are the preamble's cells needed).
         """
         home = len(preamble)
         key = key or self.document_key(preamble, doc_id, tokens)
         stored = self._stored(key, (home, home + len(tokens)))
         if stored is not None:
             return stored
-        preamble_cells, _ = self.preamble_blob(preamble)
+        preamble_cells, preamble_tier = self.preamble_blob(preamble)
+        if served is not None:
+            served[PREAMBLE] = preamble_tier
         seq = self.workspace
         try:
             # The preamble restored, not recomputed: the same bytes either way, and no time spent on them.
@@ -150,7 +154,7 @@ class DocumentEncoder:
 
     # --- assembly -------------------------------------------------------------------
 
-    def prefill(self, prompt: DocumentPrompt, pieces: list[Piece], slot: int) -> int:
+    def prefill(self, prompt: DocumentPrompt, pieces: list[SavedCells], slot: int) -> int:
         """Restores the prompt's moved cells into the empty stream `slot`, computes the tail; returns its end.
 
         The last tail token's logits are then ready to sample from.
@@ -199,7 +203,7 @@ class DocumentEncoder:
             self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
         return prompt.end
 
-    def _assembled(self, pieces: list[Piece], n_stream: int | None = None) -> memoryview:
+    def _assembled(self, pieces: list[SavedCells], n_stream: int | None = None) -> memoryview:
         """Returns the restore blob of the pieces moved into place, in a buffer reused by the next prompt.
 
         One pass of the C library (pc_state_assemble): each piece is copied once, its K turned on
@@ -215,7 +219,7 @@ class DocumentEncoder:
             n = ops.assemble_into(blobs, deltas, self.ropes, n_stream, self._buffer)
         return memoryview(self._buffer)[:n]
 
-    def _recompute_in_library(self, prompt: DocumentPrompt, pieces: list[Piece], slot: int) -> bool:
+    def _recompute_in_library(self, prompt: DocumentPrompt, pieces: list[SavedCells], slot: int) -> bool:
         """Fills the empty stream `slot` with the prompt's cells before its tail, its runs computed in one pass.
 
         Returns False (nothing done) when it does not apply.
@@ -281,7 +285,7 @@ class DocumentEncoder:
         finally:
             self.prompts.seq_rm(empty)
 
-    def move(self, piece: Piece, empty: int) -> bytes | bytearray:
+    def move(self, piece: SavedCells, empty: int) -> bytes | bytearray:
         """Returns the piece's cells moved into place: by the relocator, else by llama.cpp (`empty`: a free stream)."""
         if piece.delta == 0:
             return piece.blob

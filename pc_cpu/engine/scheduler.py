@@ -70,7 +70,9 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Piece:
+class Text:
+    """The next piece of an answer's text, as a stream hands it out."""
+
     text: str
 
 
@@ -84,7 +86,7 @@ class Failed:
     error: BaseException
 
 
-Event = Union[Piece, Done, Failed]
+Event = Union[Text, Done, Failed]
 
 
 @dataclass
@@ -119,7 +121,7 @@ class Request:
     def emit(self, text: str) -> None:
         if text:
             self.text.append(text)
-            self.events.put(Piece(text))
+            self.events.put(Text(text))
 
 
 @dataclass

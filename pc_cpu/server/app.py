@@ -38,7 +38,7 @@ from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.schema import parse_schema
 from pc_cpu.server import openai_api as api
 from pc_cpu.server.chat import messages_to_pml
-from pc_cpu.server.feed import Done, Failed, Feed, Piece
+from pc_cpu.server.feed import Done, Failed, Feed, Text
 from pc_cpu.server.guard import BearerAuth, BodyLimit, check_api_key
 from pc_cpu.server.http_errors import http_error
 
@@ -243,7 +243,7 @@ async def _answer(feed: Feed, request: Request, stream: bool, *,
     """
     try:
         event = await _next_event(feed, request)
-        while not stream and isinstance(event, Piece):
+        while not stream and isinstance(event, Text):
             event = await _next_event(feed, request)
     except BaseException:
         feed.cancel()  # the request was cancelled while waiting: free the sequence
@@ -265,7 +265,7 @@ async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict
     try:
         if first is not None:
             yield _data(first)
-        while isinstance(event, Piece):
+        while isinstance(event, Text):
             yield _data(chunk(event.text))
             event = await _next_event(feed, request)
         if isinstance(event, Done):

@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import Executor
 from typing import Callable
 
-from pc_cpu.engine.scheduler import Done, Event, Failed, Piece  # the same events the scheduler emits
+from pc_cpu.engine.scheduler import Done, Event, Failed, Text  # the same events the scheduler emits
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Feed:
                 return  # cancelled while queued for a worker: never take the context
             stream = open_stream()
             for text in stream:
-                self._post(Piece(text))
+                self._post(Text(text))
                 if self._cancelled.is_set():
                     return
             self._post(Done(stream.result))

@@ -7,7 +7,7 @@ import pytest
 
 from pc_cpu.document_settings import setting
 from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.documents import Piece
+from pc_cpu.engine.documents import SavedCells
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
                                   with_recompute)
@@ -152,7 +152,7 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     in_place_blob = state_blob.restream(work.state_get(0), 1)
     work.seq_rm(0)
     home_blob, _ = cache.documents.encoder.document_blob(prompt.preamble, doc, placed.tokens)
-    moved = layer0_keys(cache.documents.encoder.move(Piece(home_blob, d), empty=0))  # as `ask` moves it on this model
+    moved = layer0_keys(cache.documents.encoder.move(SavedCells(home_blob, d), empty=0))  # as `ask` moves it on this model
     in_place = layer0_keys(in_place_blob)
     assert sorted(moved) == sorted(in_place) == list(range(placed.start, placed.end))
     here = np.stack([in_place[p] for p in sorted(moved)])
@@ -425,9 +425,9 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
     if cache.documents.encoder.ropes is None:
         pytest.skip("this model's cells are moved by seq_add only (test_a_moved_document_... covers it)")
     blob = home_blob(cache, PARIS)
-    by_relocator = cache.documents.encoder.move(Piece(blob, 301), empty=0)
+    by_relocator = cache.documents.encoder.move(SavedCells(blob, 301), empty=0)
     cache.documents.encoder.ropes = None
-    by_llama = cache.documents.encoder.move(Piece(blob, 301), empty=0)
+    by_llama = cache.documents.encoder.move(SavedCells(blob, 301), empty=0)
     (k_relocator, rest_relocator), (k_llama, rest_llama) = _k_and_rest(by_relocator), _k_and_rest(by_llama)
     assert rest_llama == rest_relocator  # positions, V and layout
     assert not np.array_equal(k_relocator, _k_and_rest(blob)[0])  # K was rotated
@@ -529,3 +529,16 @@ def test_names_and_documents_beyond_the_limits_are_refused_before_any_encoding(c
     assert cache.documents_encoded == encoded  # refused before its encoding
     assert cache.add_document(PARIS) == paris  # an existing text is not a new document
     assert [len(d.names) for d in cache.list_documents()] == [16, 0]
+
+
+def test_add_document_gives_the_id_and_the_tiers_that_served_it(make_cache, tmp_path):
+    store = tmp_path / "store"
+    first = make_cache(store=store)
+    added = first.add_document(PARIS, name="paris", system="Answer briefly.")
+    assert isinstance(added, str) and added == first.list_documents()[0].id
+    assert added.tiers == {added: "encoded", "#preamble": "encoded"}
+    assert first.add_document(PARIS, system="Answer briefly.").tiers == {added: "ram"}  # found: no preamble needed
+    assert first.add_document(PARIS).tiers == {added: "encoded", "#preamble": "encoded"}  # after no system message
+    first.close()
+    again = make_cache(store=store).add_document(PARIS, system="Answer briefly.")
+    assert again == added and again.tiers == {added: "disk"}

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pc_cpu.errors import PromptCacheError
-from pc_cpu.server.feed import Done, Failed, Feed, Piece
+from pc_cpu.server.feed import Done, Failed, Feed, Text
 
 
 class FakeStream:
@@ -62,7 +62,7 @@ class Harness:
             events = []
             while len(events) < limit:
                 events.append(await feed.next(timeout=5))
-                if not isinstance(events[-1], Piece):
+                if not isinstance(events[-1], Text):
                     break
             return events
         return self.loop.run_until_complete(collect())
@@ -82,7 +82,7 @@ def harness():
 def test_pieces_then_done_and_the_stream_is_closed_in_the_thread_that_iterated_it(harness):
     stream = FakeStream(["a", "b"])
     feed = harness.start(stream)
-    assert harness.events(feed) == [Piece("a"), Piece("b"), Done("the result")]
+    assert harness.events(feed) == [Text("a"), Text("b"), Done("the result")]
     assert feed.finished.wait(5) and stream.threads == {stream.closed_in}
     assert stream.closed_in != threading.get_ident()
 
@@ -97,7 +97,7 @@ def test_an_error_is_handed_over_as_failed(harness):
 def test_cancel_closes_the_stream_after_the_piece_in_flight(harness):
     stream = FakeStream(["a"] * 1000, delay_s=0.002)
     feed = harness.start(stream)
-    assert harness.events(feed, limit=1) == [Piece("a")]
+    assert harness.events(feed, limit=1) == [Text("a")]
     feed.cancel()
     assert feed.finished.wait(5) and stream.closed_in is not None
     assert stream.served < 100
