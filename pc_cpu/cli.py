@@ -15,7 +15,7 @@ import click
 
 from pc_cpu import crash_guard
 from pc_cpu.document_settings import SETTINGS, advice
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.errors import PromptCacheError, UnknownEntryError
 from pc_cpu.pml.encoding import ENCODING_MODES
 from pc_cpu.pml.documents import NO_TEXT, ORDERS, PREFIXES, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
@@ -586,18 +586,17 @@ def rm(ids, store_dir):
     entry and every encoding of it; other documents and modules are untouched.
     """
     disk = _open_disk_store(store_dir)
-    entries = {item.path.stem: item.key for item in disk.ls()}
     for prefix in ids:
         if _remove_document(disk, prefix):
-            entries = {item.path.stem: item.key for item in disk.ls()}
             continue
-        matches = [digest for digest in entries if digest.startswith(prefix)]
-        if len(matches) != 1:
-            raise PromptCacheError(f"id {prefix!r} matches {len(matches)} stored modules; give a longer prefix "
-                                   "from `pc-cpu store ls`" if matches else
-                                   f"no stored module has id {prefix!r}, and no document has it as id or name")
-        disk.remove(entries[matches[0]])
-        click.echo(f"removed {matches[0][:12]} ({entries[matches[0]].label})")
+        try:
+            entry = disk.entry_with_id(prefix)
+        except UnknownEntryError as exc:
+            if exc.matches:
+                raise
+            raise UnknownEntryError(f"{exc}, and no document has it as id or name") from None
+        disk.remove(entry.key)
+        click.echo(f"removed {entry.path.stem[:12]} ({entry.key.label})")
 
 
 @store.command()

@@ -115,6 +115,17 @@ class StateBlobError(PromptCacheError):
 class StoreError(PromptCacheError):
     """The module store cannot keep an entry (too large for a tier's budget, disk not writable)."""
 
+class UnknownEntryError(PromptCacheError):
+    """No stored entry has the id given (or a prefix of it names several): `pc-cpu store ls` lists them.
+
+    ``matches``: how many entries the prefix named (0: none).
+    """
+
+    def __init__(self, message: str, *, matches: int = 0):
+        super().__init__(message)
+        self.matches = matches
+
+
 class EntryTooLargeError(StoreError):
     """An entry is larger than a tier's whole byte budget, so that tier refuses it."""
 

@@ -35,7 +35,7 @@ from typing import Mapping
 
 import platformdirs
 
-from pc_cpu.errors import CorruptEntryError, EntryTooLargeError, StoreError
+from pc_cpu.errors import CorruptEntryError, EntryTooLargeError, StoreError, UnknownEntryError
 from pc_cpu.store.atomic import find_orphans, make_temp, write_atomically
 from pc_cpu.store.base import Evicted
 from pc_cpu.store.cells import check_cells
@@ -229,6 +229,20 @@ class DiskStore:
         """Returns the entries this instance knows of, least recently used first."""
         return [DiskListing(r.header.key, r.header.n_tokens, r.header.positions, r.header.created, r.size,
                             r.mtime, self.directory / (digest + SUFFIX)) for digest, r in self._index.items()]
+
+    def entry_with_id(self, prefix: str) -> DiskListing:
+        """Returns the one entry whose id (its file name's stem, as `ls` shows it) starts with `prefix`.
+
+        Raises:
+            UnknownEntryError: no entry, or several, has such an id; the message says which.
+        """
+        matches = [item for item in self.ls() if item.path.stem.startswith(prefix)] if prefix else []
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise UnknownEntryError(f"id {prefix!r} matches {len(matches)} stored modules; give a longer prefix "
+                                    "from `pc-cpu store ls`", matches=len(matches))
+        raise UnknownEntryError(f"no stored module has id {prefix!r}")
 
     def unusable(self) -> list[BadFile]:
         """Returns the files the scan at open left out of the index, by name; it deleted none of them.

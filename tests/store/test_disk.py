@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pc_cpu.errors import EntryTooLargeError, StoreError
+from pc_cpu.errors import EntryTooLargeError, StoreError, UnknownEntryError
 from pc_cpu.store import disk as disk_module
 from pc_cpu.store.atomic import ORPHAN_AGE_S
 from pc_cpu.store.base import Evicted, ModuleStore
@@ -533,3 +533,23 @@ def test_an_entry_with_impossible_cells_is_a_miss_and_verify_names_it(store_dir,
     assert why in warning.getMessage() and "re-encoded" in warning.getMessage()
     assert not disk.path_for(key("a")).exists()
     assert disk.get(key("b")) == blob_entry(PAYLOAD)
+
+
+def test_entry_with_id_finds_one_entry_by_a_prefix_of_its_id_and_names_what_went_wrong(store_dir):
+    disk = DiskStore(store_dir)
+    keys = [key(f"m{i}") for i in range(40)]  # enough that two ids share a first hex digit
+    for k in keys:
+        disk.put(k, blob_entry(PAYLOAD // 4))
+    ids = {k: k.digest() for k in keys}
+    first = keys[0]
+    assert disk.entry_with_id(ids[first][:16]).key == first
+    shared = next(d[:1] for d in ids.values() if sum(o.startswith(d[:1]) for o in ids.values()) > 1)
+    n = sum(d.startswith(shared) for d in ids.values())
+    with pytest.raises(UnknownEntryError, match=f"matches {n} stored modules; give a longer prefix") as ambiguous:
+        disk.entry_with_id(shared)
+    assert ambiguous.value.matches == n
+    with pytest.raises(UnknownEntryError, match="no stored module has id 'zz'") as missing:
+        disk.entry_with_id("zz")
+    assert missing.value.matches == 0
+    with pytest.raises(UnknownEntryError):
+        disk.entry_with_id("")  # an empty prefix names no entry, not every entry
