@@ -9,9 +9,9 @@ Layouts of the passages (kept apart in every table):
 
 from __future__ import annotations
 
-from xml.sax.saxutils import escape
 
 from pc_cpu.benchmarks.evaldata import DocItem, KVItem, Passage
+from pc_cpu.pml.text import escape_text
 
 LAYOUTS = ("single", "modular", "scaffold")
 QA_SYSTEM = ("Write a high-quality answer for the given question using only the provided search results "
@@ -20,8 +20,8 @@ KV_SYSTEM = "Extract the value corresponding to the specified key in the JSON ob
 
 
 def pml_text(text: str) -> str:
-    """Returns text safe inside a PML element; newlines as &#10; so indentation trimming keeps them."""
-    return escape(text).replace("\n", "&#10;")
+    """Returns text safe inside a PML element (pc_cpu.pml.text.escape_text: newlines kept as &#10;)."""
+    return escape_text(text, "a benchmark text")
 
 
 def document_text(number: int, passage: Passage) -> str:

@@ -101,17 +101,15 @@ import unicodedata
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
-from xml.sax.saxutils import escape, quoteattr
 
 from pc_cpu.errors import CompileError, PromptError
+from pc_cpu.pml.text import escape_attribute, escape_text
 
 ROLES = ("system", "user", "assistant")
 RESERVED_NAMES = frozenset({"prompt", "schema", "union", "param", "scaffold", *ROLES})
 _XML_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 # Characters XML 1.0 cannot carry, even escaped.
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-# Newlines as character references: the schema parser trims bare newlines at the edges of text.
-_TEXT_ENTITIES = {"\n": "&#10;", "\r": "&#13;"}
 _LITERAL_NAME_CHARS = 32
 SUPPORTED = ("supported: string literals, f-strings of declared params, `if`/`elif`/`else` and `match` "
              "on a parameter, `with system:`/`with user:`/`with assistant:`, calls to @prompt_program "
@@ -216,7 +214,7 @@ class CompiledPrompt(str):
     """
 
     def __new__(cls, schema_name: str, body: str, schema_pml: str) -> "CompiledPrompt":
-        text = f"<prompt schema={quoteattr(schema_name)}>{body}</prompt>"
+        text = f"<prompt schema=\"{escape_attribute(schema_name)}\">{body}</prompt>"
         prompt = super().__new__(cls, text)
         prompt.schema_name = schema_name
         prompt.schema_pml = schema_pml
@@ -235,7 +233,7 @@ class CompiledPrompt(str):
             PromptError: the text holds characters XML cannot carry.
         """
         _check_xml_chars(text, what="user text")
-        turn = f"<user>{_escape_text(text)}</user>"
+        turn = f"<user>{escape_text(text)}</user>"
         return CompiledPrompt(self.schema_name, self._body + turn, self.schema_pml)
 
 
@@ -801,7 +799,7 @@ def _name_part(value: Any) -> str:
 
 def render_schema(schema: CompiledSchema) -> str:
     """Returns the `<schema>` PML of a compiled tree (compact: no whitespace is added)."""
-    return f"<schema name={quoteattr(schema.name)}>{_render_nodes(schema.children)}</schema>"
+    return f"<schema name=\"{escape_attribute(schema.name)}\">{_render_nodes(schema.children)}</schema>"
 
 
 def _render_nodes(nodes: tuple[Node, ...]) -> str:
@@ -810,11 +808,11 @@ def _render_nodes(nodes: tuple[Node, ...]) -> str:
 
 def _render_node(node: Node) -> str:
     if isinstance(node, TextNode):
-        return _escape_text(node.value)
+        return escape_text(node.value)
     if isinstance(node, ParamNode):
-        return f"<param name={quoteattr(node.name)} len=\"{node.length}\"/>"
+        return f"<param name=\"{escape_attribute(node.name)}\" len=\"{node.length}\"/>"
     if isinstance(node, ModuleNode):
-        return f"<module name={quoteattr(node.name)}>{_render_nodes(node.children)}</module>"
+        return f"<module name=\"{escape_attribute(node.name)}\">{_render_nodes(node.children)}</module>"
     if isinstance(node, UnionNode):
         return f"<union>{_render_nodes(node.members)}</union>"
     return f"<{node.role}>{_render_nodes(node.children)}</{node.role}>"
@@ -842,7 +840,7 @@ def _selected(module: ModuleNode, arguments: Mapping[str, Any]) -> bool:
 
 def _import_module(module: ModuleNode, arguments: Mapping[str, Any]) -> str:
     own_arguments = module.call.bind(arguments) if module.call is not None else arguments
-    attributes = "".join(f" {param.name}={quoteattr(_argument_text(module, param, own_arguments))}"
+    attributes = "".join(f" {param.name}=\"{escape_attribute(_argument_text(module, param, own_arguments))}\""
                          for param in module.children if isinstance(param, ParamNode))
     inner = render_imports(module.children, own_arguments)
     return f"<{module.name}{attributes}>{inner}</{module.name}>" if inner else f"<{module.name}{attributes}/>"
@@ -859,8 +857,6 @@ def _argument_text(module: ModuleNode, param: ParamNode, arguments: Mapping[str,
     return text
 
 
-def _escape_text(text: str) -> str:
-    return escape(text, _TEXT_ENTITIES)
 
 
 def _check_xml_chars(text: str, *, what: str) -> None:

@@ -1,4 +1,4 @@
-"""Gives the check that a caller's text can become UTF-8, the bytes the tokenizer, the hashes and the XML parser need.
+"""Gives the check that a caller's text can become UTF-8, and the one way text is written into PML.
 
 A Python str can hold a lone UTF-16 surrogate (U+D800..U+DFFF): Python's json reads the JSON
 escape "\\udc80" (or the bytes ED B2 80) as one. UTF-8 cannot encode it, so such text would fail
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from pc_cpu.errors import PromptCacheError
+from pc_cpu.errors import PromptCacheError, PromptError
 
 # Every surrogate in a str is lone: Python never pairs them (a JSON pair decodes to one astral character).
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -32,3 +32,34 @@ def check_utf8(text: str, what: str, *, error: type[PromptCacheError] = PromptCa
         return text
     raise error(f"invalid Unicode: a lone surrogate (U+{ord(found.group()):04X}) at character {found.start() + 1} "
                 f"of {what}; send UTF-8 text")
+
+
+# Characters XML 1.0 cannot carry, even as character references (most C0 controls, U+FFFE, U+FFFF);
+# lone surrogates are check_utf8's.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Newlines as character references: PML's parser trims bare newlines at the edges of text, and an
+# XML parser turns a bare CR into LF; references come back as written.
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\n": "&#10;", "\r": "&#13;"}
+_SPECIAL = re.compile("[&<>\n\r]")
+
+
+def escape_text(text: str, what: str = "the text") -> str:
+    """Returns `text` as PML character data that parses back to exactly `text` (in an attribute too, with `"` kept out).
+
+    Raises:
+        PromptError: `text` holds a character XML cannot carry; the message names it, its position
+            (counted from 1) and `what`.
+    """
+    bad = _NOT_XML.search(text)
+    if bad is not None:
+        raise PromptError(f"{what} holds U+{ord(bad.group()):04X} at character {bad.start() + 1}, which XML "
+                          "cannot carry; remove control characters")
+    return _SPECIAL.sub(lambda m: _ENTITIES[m.group()], text)
+
+
+def escape_attribute(value: str, what: str = "the value") -> str:
+    """Returns `value` escaped for a double-quoted PML attribute (as escape_text; `"` and tabs as references).
+
+    An XML parser turns a bare tab in an attribute into a space; a reference comes back as a tab.
+    """
+    return escape_text(value, what).replace('"', "&quot;").replace("\t", "&#9;")

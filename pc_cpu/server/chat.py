@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from pc_cpu.errors import PromptError
+from pc_cpu.pml.text import escape_attribute
+from pc_cpu.pml.text import escape_text as pml_escape
 
 ROLE_TAGS = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -64,7 +66,7 @@ def messages_to_pml(schema: str, messages: Sequence[Message], *, import_names: C
         imports += [raw for raw in found if raw not in imports]
         if text.strip():
             turns.append(f"<{tag}>{escape_text(text.strip())}</{tag}>")
-    return f'<prompt schema="{escape_attribute(schema)}">{"".join(imports)}{"".join(turns)}</prompt>'
+    return f'<prompt schema="{escape_attribute(schema, "the schema name")}">{"".join(imports)}{"".join(turns)}</prompt>'
 
 
 def split_imports(text: str, import_names: Collection[str], *, where: str = "message") -> tuple[list[str], str]:
@@ -86,18 +88,12 @@ def split_imports(text: str, import_names: Collection[str], *, where: str = "mes
 
 
 def escape_text(text: str) -> str:
-    """Returns `text` as PML character data that parses back to exactly `text`.
+    """Returns a chat message's text as PML character data (pc_cpu.pml.text.escape_text) after cleaning it.
 
-    Newlines are written `&#10;`, so PML's indentation trimming keeps them; characters XML cannot
-    carry (most C0 controls) are dropped.
+    Chat clients' text is cleaned first, as the other chat paths see it: line ends become "\n",
+    and characters XML cannot carry (most C0 controls) are dropped rather than refused.
     """
-    text = _NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "&#10;")
-
-
-def escape_attribute(value: str) -> str:
-    """Returns `value` escaped for a double-quoted XML attribute."""
-    return escape_text(value).replace('"', "&quot;")
+    return pml_escape(_NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def _next_import(text: str, pos: int, import_names: Collection[str]) -> re.Match | None:

@@ -1,13 +1,15 @@
-"""pc_cpu.pml.text.check_utf8: a lone surrogate is named with its position; any other text passes untouched."""
+"""pc_cpu.pml.text: check_utf8 names a lone surrogate with its position; escape_text writes text into PML exactly."""
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
+
 import pytest
 
-from pc_cpu.errors import DocumentError, PMLSyntaxError, PromptCacheError
+from pc_cpu.errors import DocumentError, PMLSyntaxError, PromptCacheError, PromptError
 from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.schema import parse_schema
-from pc_cpu.pml.text import check_utf8
+from pc_cpu.pml.text import check_utf8, escape_attribute, escape_text
 from tests.pml.conftest import utf8_refusal
 
 
@@ -33,3 +35,14 @@ def test_pml_with_a_lone_surrogate_is_a_syntax_error_naming_the_document():
         parse_prompt('<prompt schema="s">\udc80</prompt>')
     with pytest.raises(PMLSyntaxError, match=utf8_refusal("the schema", 18, "D800")):
         parse_schema('<schema name="s">\ud800</schema>')
+
+
+@pytest.mark.parametrize("text", ["a < b & c > d", "line one\nline two\r\n  indented\n", '"quoted" \'x\'\ttab', "\n\n"])
+def test_escaped_text_and_attributes_parse_back_to_exactly_the_text(text):
+    element = ET.fromstring(f'<p a="{escape_attribute(text)}">{escape_text(text)}</p>')
+    assert element.text == text and element.get("a") == text
+
+
+def test_a_character_xml_cannot_carry_is_refused_naming_it_and_where():
+    with pytest.raises(PromptError, match=r"the note holds U\+0007 at character 3, which XML cannot carry"):
+        escape_text("ab\x07c", "the note")
