@@ -31,7 +31,8 @@ import numpy as np
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import load_nq
 from pc_cpu.engine.extra_buffers import llama_peer
-from pc_cpu.benchmarks.prompts import document_text, pml_text
+from pc_cpu.benchmarks.prompts import document_text
+from pc_cpu.pml.text import escape_text
 from pc_cpu.model_path import resolve_model_path
 
 SYSTEM = "Write a high-quality answer for the given question using only the provided search results."
@@ -40,8 +41,8 @@ OTHER = ('<schema name="other"><module name="x">' + "Filler about gardens, roses
 
 
 def library_schema(passages) -> str:
-    modules = "".join(f'<module name="d{i}">{pml_text(document_text(i + 1, p))}</module>' for i, p in enumerate(passages))
-    return f'<schema name="lib"><system>{pml_text(SYSTEM)}</system><user>{modules}</user></schema>'
+    modules = "".join(f'<module name="d{i}">{escape_text(document_text(i + 1, p))}</module>' for i, p in enumerate(passages))
+    return f'<schema name="lib"><system>{escape_text(SYSTEM)}</system><user>{modules}</user></schema>'
 
 
 def prompts(questions, n: int, docs: int, seed: int) -> list[str]:
@@ -51,7 +52,7 @@ def prompts(questions, n: int, docs: int, seed: int) -> list[str]:
         gold = i % len(questions)
         others = rng.sample([j for j in range(len(questions)) if j != gold], docs - 1)
         imports = "".join(f"<d{j}/>" for j in sorted(others + [gold]))
-        question = pml_text(f"Question: {questions[gold].question}\nAnswer:")
+        question = escape_text(f"Question: {questions[gold].question}\nAnswer:")
         out.append(f'<prompt schema="lib">{imports}<user>{question}</user></prompt>')
     return out
 

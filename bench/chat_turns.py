@@ -14,8 +14,9 @@ Systems, all on the same messages (pc_cpu's answers as the history), the same mo
 
 Scenarios (each on passages of its own, so no conversation finds another's cells):
 - "single": one conversation of --turns turns;
-- "interleaved": --conversations conversations, turns sent round-robin (turn 1 of each, then
-  turn 2 of each...); pc_cpu keeps each in a prompt slot of its own (parallel=4), Llama one prefix;
+- "interleaved": --conversations conversations, turns sent round-robin (each conversation's first
+  turn, then each one's second, and so on); pc_cpu keeps each in a prompt slot of its own
+  (parallel=4), Llama one prefix;
 - "edit": the single (pause) conversation's last request, resent with its 2nd user message's
   question changed (message index 3: the system message is message 0): pc_cpu's default
   (after_edit="recompute"), Llama and the full prefill; then the original request again (its

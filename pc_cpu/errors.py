@@ -115,6 +115,7 @@ class StateBlobError(PromptCacheError):
 class StoreError(PromptCacheError):
     """The module store cannot keep an entry (too large for a tier's budget, disk not writable)."""
 
+
 class UnknownEntryError(PromptCacheError):
     """No stored entry has the id given (or a prefix of it names several): `pc-cpu store ls` lists them.
 

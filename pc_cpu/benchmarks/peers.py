@@ -16,9 +16,9 @@ import time
 from typing import Callable
 
 from pc_cpu.benchmarks import workloads
-from pc_cpu.benchmarks.prompts import pml_text
 from pc_cpu.benchmarks.timing import stats
 from pc_cpu.pml.chat import common_prefix
+from pc_cpu.pml.text import escape_text
 
 QUESTIONS = ("Who is mentioned first?", "Which year appears?", "Name one place.", "What is the topic?",
              "Who is mentioned last?", "Which number is largest?", "Name a person.", "What happened?")
@@ -28,7 +28,7 @@ def _schema_and_prompts(tokenize, doc_tokens: int, n_docs: int, count: int) -> t
     texts = workloads.passages(200)
     per_doc = max(doc_tokens // n_docs, 32)
     docs = ["".join(workloads.fill(tokenize, texts[i * 7:], per_doc)) for i in range(n_docs)]
-    body = "".join(f'<module name="d{i}">{pml_text(t)}</module>' for i, t in enumerate(docs))
+    body = "".join(f'<module name="d{i}">{escape_text(t)}</module>' for i, t in enumerate(docs))
     schema = f'<schema name="peer"><system>Answer from the documents.</system><user>{body}</user></schema>'
     everything = "".join(f"<d{i}/>" for i in range(n_docs))
     shared = [f'<prompt schema="peer">{everything}<user>{QUESTIONS[i % len(QUESTIONS)]}</user></prompt>'

@@ -9,7 +9,6 @@ Layouts of the passages (kept apart in every table):
 
 from __future__ import annotations
 
-
 from pc_cpu.benchmarks.evaldata import DocItem, KVItem, Passage
 from pc_cpu.pml.text import escape_text
 
@@ -17,11 +16,6 @@ LAYOUTS = ("single", "modular", "scaffold")
 QA_SYSTEM = ("Write a high-quality answer for the given question using only the provided search results "
              "(some of which might be irrelevant).")
 KV_SYSTEM = "Extract the value corresponding to the specified key in the JSON object below."
-
-
-def pml_text(text: str) -> str:
-    """Returns text safe inside a PML element (pc_cpu.pml.text.escape_text: newlines kept as &#10;)."""
-    return escape_text(text, "a benchmark text")
 
 
 def document_text(number: int, passage: Passage) -> str:
@@ -32,10 +26,10 @@ def document_text(number: int, passage: Passage) -> str:
 def _modules(texts: list[str], layout: str, gap_texts: list[str]) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
-    gap = "".join(f'<module name="g{i}">{pml_text(t)}</module>' for i, t in enumerate(gap_texts))
+    gap = "".join(f'<module name="g{i}">{escape_text(t)}</module>' for i, t in enumerate(gap_texts))
     if layout == "single":
-        return gap + f'<module name="docs">{pml_text("".join(texts))}</module>'
-    body = "".join(f'<module name="d{i}">{pml_text(t)}</module>' for i, t in enumerate(texts))
+        return gap + f'<module name="docs">{escape_text("".join(texts))}</module>'
+    body = "".join(f'<module name="d{i}">{escape_text(t)}</module>' for i, t in enumerate(texts))
     if layout == "scaffold":
         body = f'<scaffold name="all">{body}</scaffold>'
     return gap + body
@@ -47,14 +41,14 @@ def _imports(count: int, layout: str) -> str:
 
 def _schema(name: str, system: str, modules: str, chat: bool) -> str:
     if chat:
-        return f'<schema name="{name}"><system>{pml_text(system)}</system><user>{modules}</user></schema>'
+        return f'<schema name="{name}"><system>{escape_text(system)}</system><user>{modules}</user></schema>'
     # Base models (Gemma 3 270M): plain text, no chat template.
-    return f'<schema name="{name}">{pml_text(system + chr(10) + chr(10))}{modules}</schema>'
+    return f'<schema name="{name}">{escape_text(system + chr(10) + chr(10))}{modules}</schema>'
 
 
 def _prompt(name: str, imports: str, question: str, chat: bool) -> str:
-    text = pml_text(question)
-    body = f"<user>{text}</user>" if chat else pml_text("\n") + text
+    text = escape_text(question)
+    body = f"<user>{text}</user>" if chat else escape_text("\n") + text
     return f'<prompt schema="{name}">{imports}{body}</prompt>'
 
 

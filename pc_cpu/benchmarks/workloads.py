@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pc_cpu.benchmarks.prompts import pml_text
+from pc_cpu.pml.text import escape_text
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def fill(tokenize, texts: list[str], target_tokens: int) -> list[str]:
 def multidoc(tokenize, target_tokens: int, name: str = "docs") -> Workload:
     """Documents as modules after a system message; the question is uncached."""
     docs = fill(tokenize, passages(400), target_tokens)
-    body = "".join(f'<module name="d{i}">{pml_text(t)}</module>' for i, t in enumerate(docs))
+    body = "".join(f'<module name="d{i}">{escape_text(t)}</module>' for i, t in enumerate(docs))
     schema = (f'<schema name="{name}"><system>Answer from the documents.</system><user>{body}</user></schema>')
     imports = "".join(f"<d{i}/>" for i in range(len(docs)))
     return Workload("multi-doc QA", schema, f'<prompt schema="{name}">{imports}<user>Who is mentioned first?</user></prompt>')
@@ -57,7 +57,7 @@ def multidoc(tokenize, target_tokens: int, name: str = "docs") -> Workload:
 def template(tokenize, target_tokens: int, name: str = "tmpl") -> Workload:
     """A long system template with one param; the user's message is uncached."""
     rules = fill(tokenize, passages(400), target_tokens)
-    policy = pml_text("Reference material:\n" + "".join(rules))
+    policy = escape_text("Reference material:\n" + "".join(rules))
     schema = (f'<schema name="{name}"><system><module name="persona">You are a helpful '
               f'<param name="role" len="8"/> assistant. {policy}</module></system></schema>')
     prompt = f'<prompt schema="{name}"><persona role="travel"/><user>Summarise the rules.</user></prompt>'
@@ -70,7 +70,7 @@ def code(tokenize, target_tokens: int, name: str = "code") -> Workload:
     lines = [line for p in sorted(root.rglob("*.py")) for line in p.read_text(encoding="utf-8").splitlines()]
     blocks = ["\n".join(lines[i:i + 12]) + "\n" for i in range(0, len(lines), 12)]  # ~100-token modules
     sources = fill(tokenize, blocks, target_tokens)
-    body = "".join(f'<module name="f{i}">{pml_text(t)}</module>' for i, t in enumerate(sources))
+    body = "".join(f'<module name="f{i}">{escape_text(t)}</module>' for i, t in enumerate(sources))
     schema = f'<schema name="{name}"><system>You review Python code.</system><user>{body}</user></schema>'
     imports = "".join(f"<f{i}/>" for i in range(len(sources)))
     return Workload("code context", schema, f'<prompt schema="{name}">{imports}<user>Find a bug.</user></prompt>')
@@ -84,8 +84,8 @@ def hit_ratio(tokenize, total_tokens: int, fraction: float, name: str = "hit") -
     while cached < len(docs) and acc + counts[cached] <= fraction * sum(counts) + counts[cached] / 2:
         acc += counts[cached]
         cached += 1
-    body = "".join(f'<module name="d{i}">{pml_text(t)}</module>' for i, t in enumerate(docs[:cached]))
+    body = "".join(f'<module name="d{i}">{escape_text(t)}</module>' for i, t in enumerate(docs[:cached]))
     schema = f'<schema name="{name}"><system>Answer from the documents.</system><user>{body}</user></schema>'
-    free = pml_text("".join(docs[cached:]) + "Who is mentioned first?")
+    free = escape_text("".join(docs[cached:]) + "Who is mentioned first?")
     imports = "".join(f"<d{i}/>" for i in range(cached))
     return Workload(f"hit {fraction:.0%}", schema, f'<prompt schema="{name}">{imports}<user>{free}</user></prompt>')

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.document_prompt import DocumentWork
@@ -65,7 +65,7 @@ class Found:
     keep: int
     tier: Tier
     how: str
-    tokens: tuple[int, ...] | None = None  # the tip's tokens, when it holds more than the `keep` the turn shares
+    tokens: Sequence[int] | None = None  # the tip's tokens, when it holds more than the `keep` the turn shares
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,6 @@ class TipIndex:
 
     def holding_answer(self, digest: str) -> Tip | None:
         return self._answers.get(digest)
-
-    def __len__(self) -> int:
-        return len(self._tips)
 
 
 class ConversationCells:
@@ -161,10 +158,10 @@ class ConversationCells:
             stored = None if tip is None else self.cells.get(tip.key, (0, tip.end))
             if stored is not None:
                 keep = prompt.cut_at_or_before(common_prefix(tip.tokens, prompt.tokens, prompt.end - 1))
-                return Found(stored[0], keep, stored[1], "", tuple(tip.tokens))
+                return Found(stored[0], keep, stored[1], "", tip.tokens)
         return None
 
-    def _stored(self, digest: str, cut: int) -> tuple[bytes, Tier, tuple[int, ...] | None] | None:
+    def _stored(self, digest: str, cut: int) -> tuple[bytes, Tier, Sequence[int] | None] | None:
         """Returns the cells of a tip holding the prefix `digest` (`cut` tokens), their tier and the tip's tokens; or None.
 
         The tokens are None when the tip is the prefix itself.
@@ -176,7 +173,7 @@ class ConversationCells:
         if tip is None or not self.can_cut:
             return None
         stored = self.cells.get(tip.key, (0, tip.end))
-        return None if stored is None else stored + (tuple(tip.tokens),)
+        return None if stored is None else stored + (tip.tokens,)
 
     def save(self, prompt: ChatPrompt, end: int, slot: int, how: str) -> None:
         """Stores stream `slot`'s cells, `prompt`'s first `end`, as a tip; drops the stored tips it extends."""
@@ -225,7 +222,7 @@ class ChatWork:
     _kept: int = 0  # cells reused: restored or held
     _exact_until: int = 0  # after prefill: the cells before it are the full prefill's (or, `how`, as made here)
     _how: str = ""  # how the cells were made (ASSEMBLED: documents encoded apart); "" as the full prefill
-    _runs: tuple | None = None  # _moved_runs' last answer: (the stream's tokens, keep, runs)
+    _runs: dict = field(default_factory=dict)  # _moved_runs' answers: (id of the tokens, keep) -> (tokens, runs)
 
     def positions(self) -> int:
         return self.prompt.end
@@ -256,7 +253,7 @@ class ChatWork:
         self._kept = start
         return self._decode_from(slot, start)
 
-    def _continue(self, slot: int, keep: int, held: tuple[int, ...] | None) -> int:
+    def _continue(self, slot: int, keep: int, held: Sequence[int] | None) -> int:
         """Decodes the prompt after its first `keep` cells in stream `slot`; returns its end.
 
         `slot` holds the cells of `held` (an earlier stream's tokens; None: exactly the first
@@ -286,15 +283,17 @@ class ChatWork:
         self._kept = in_place + sum(run.length for run in runs)
         return self.prompt.end
 
-    def _moved_runs(self, held: tuple[int, ...] | None, keep: int) -> tuple[MovedRun, ...]:
+    def _moved_runs(self, held: Sequence[int] | None, keep: int) -> tuple[MovedRun, ...]:
         """Returns the runs of `held` after `keep` that this prompt reuses moved (after_edit="reuse"), else ()."""
         if self.after_edit != "reuse" or held is None or not self.cells.can_move or keep < self.prompt.documents_end:
             return ()
-        last = self._runs  # the scheduler asks once per free slot, then prefill asks again
-        if last is None or last[0] is not held or last[1] != keep:
+        # Asked for each free slot's stream (reusable), then again by prefill: difflib runs once for each.
+        # The tokens are kept beside their runs, so that their id is not reused while the entry lives.
+        key = (id(held), keep)
+        if key not in self._runs:
             # The last token is computed: its logits.
-            self._runs = last = (held, keep, moved_runs(held, self.prompt.tokens, keep, self.prompt.end - 1))
-        return last[2]
+            self._runs[key] = (held, moved_runs(held, self.prompt.tokens, keep, self.prompt.end - 1))
+        return self._runs[key][1]
 
     def _decode_from(self, slot: int, start: int) -> int:
         """Decodes the prompt from `start` in stream `slot`, in its calls (the first cut at `start`); returns its end."""

@@ -103,13 +103,11 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from pc_cpu.errors import CompileError, PromptError
-from pc_cpu.pml.text import escape_attribute, escape_text
+from pc_cpu.pml.text import NOT_XML, check_xml_chars, escape_attribute, escape_text
 
 ROLES = ("system", "user", "assistant")
 RESERVED_NAMES = frozenset({"prompt", "schema", "union", "param", "scaffold", *ROLES})
 _XML_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-# Characters XML 1.0 cannot carry, even escaped.
-_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _LITERAL_NAME_CHARS = 32
 SUPPORTED = ("supported: string literals, f-strings of declared params, `if`/`elif`/`else` and `match` "
              "on a parameter, `with system:`/`with user:`/`with assistant:`, calls to @prompt_program "
@@ -232,8 +230,7 @@ class CompiledPrompt(str):
         Raises:
             PromptError: the text holds characters XML cannot carry.
         """
-        _check_xml_chars(text, what="user text")
-        turn = f"<user>{escape_text(text)}</user>"
+        turn = f"<user>{escape_text(text, 'user text')}</user>"
         return CompiledPrompt(self.schema_name, self._body + turn, self.schema_pml)
 
 
@@ -485,7 +482,7 @@ class _BodyCompiler:
     # text and f-strings -> text and params
 
     def text(self, value: str, at: ast.AST) -> TextNode:
-        bad = _XML_ILLEGAL.search(value)
+        bad = NOT_XML.search(value)
         if bad is not None:
             raise self.source.error(at, f"text holds {bad.group()!r}, which XML cannot carry; remove control "
                                         "characters")
@@ -853,14 +850,5 @@ def _argument_text(module: ModuleNode, param: ParamNode, arguments: Mapping[str,
                           f"every argument: pass {param.name}=..., or put the text under `if {param.name}:` "
                           "in the program to make it optional")
     text = str(value)
-    _check_xml_chars(text, what=f"argument of param {param.name!r} in module {module.name!r}")
+    check_xml_chars(text, f"argument of param {param.name!r} in module {module.name!r}")
     return text
-
-
-
-
-def _check_xml_chars(text: str, *, what: str) -> None:
-    bad = _XML_ILLEGAL.search(text)
-    if bad is not None:
-        raise PromptError(f"{what} holds {bad.group()!r} at index {bad.start()}, which XML cannot carry; "
-                          "remove control characters")

@@ -34,9 +34,9 @@ def check_utf8(text: str, what: str, *, error: type[PromptCacheError] = PromptCa
                 f"of {what}; send UTF-8 text")
 
 
-# Characters XML 1.0 cannot carry, even as character references (most C0 controls, U+FFFE, U+FFFF);
-# lone surrogates are check_utf8's.
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Characters XML 1.0 cannot carry, even as character references: most C0 controls, lone surrogates
+# (check_utf8 names those where text enters), U+FFFE and U+FFFF.
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 # Newlines as character references: PML's parser trims bare newlines at the edges of text, and an
 # XML parser turns a bare CR into LF; references come back as written.
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\n": "&#10;", "\r": "&#13;"}
@@ -50,11 +50,16 @@ def escape_text(text: str, what: str = "the text") -> str:
         PromptError: `text` holds a character XML cannot carry; the message names it, its position
             (counted from 1) and `what`.
     """
-    bad = _NOT_XML.search(text)
+    check_xml_chars(text, what)
+    return _SPECIAL.sub(lambda m: _ENTITIES[m.group()], text)
+
+
+def check_xml_chars(text: str, what: str) -> None:
+    """Raises PromptError naming the first character of `text` XML cannot carry, its position (from 1) and `what`."""
+    bad = NOT_XML.search(text)
     if bad is not None:
         raise PromptError(f"{what} holds U+{ord(bad.group()):04X} at character {bad.start() + 1}, which XML "
                           "cannot carry; remove control characters")
-    return _SPECIAL.sub(lambda m: _ENTITIES[m.group()], text)
 
 
 def escape_attribute(value: str, what: str = "the value") -> str:

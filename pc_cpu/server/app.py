@@ -207,7 +207,7 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
         if body.documents is not None and not body.is_question():
             messages, documents = body.conversation(), list(body.documents)
             feed = feeds.open(lambda: cache.stream_chat(messages, options, documents=documents,
-                                                             after_edit=body.after_edit or "recompute"))
+                                                        after_edit=body.after_edit))
         elif body.documents is not None:
             question, system = body.question()
             documents = list(body.documents)
@@ -216,8 +216,7 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
                                                        prefix=body.prefix))
         elif body.schema_name is None:
             messages = body.conversation()
-            feed = feeds.open(lambda: cache.stream_chat(messages, options,
-                                                             after_edit=body.after_edit or "recompute"))
+            feed = feeds.open(lambda: cache.stream_chat(messages, options, after_edit=body.after_edit))
         else:
             layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)

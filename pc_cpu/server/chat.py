@@ -23,15 +23,13 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from pc_cpu.errors import PromptError
-from pc_cpu.pml.text import escape_attribute
+from pc_cpu.pml.text import NOT_XML, escape_attribute
 from pc_cpu.pml.text import escape_text as pml_escape
 
 ROLE_TAGS = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 # One start or end tag with its attributes: (slash, name, attributes, self-closing slash).
 _TAG = re.compile(r"""<(/?)([A-Za-z_][\w.-]*)((?:\s+[^\s=/>"']+\s*=\s*(?:"[^"]*"|'[^']*'))*)\s*(/?)>""")
-# Characters XML 1.0 cannot carry, even as character references.
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ def escape_text(text: str) -> str:
     Chat clients' text is cleaned first, as the other chat paths see it: line ends become "\n",
     and characters XML cannot carry (most C0 controls) are dropped rather than refused.
     """
-    return pml_escape(_NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n")))
+    return pml_escape(NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def _next_import(text: str, pos: int, import_names: Collection[str]) -> re.Match | None:

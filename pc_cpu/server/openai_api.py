@@ -162,12 +162,12 @@ class ChatRequest(SamplingRequest):
     order: Optional[str] = None  # with documents: "given", "relevant-first" or "relevant-last"
     prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.documents)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    # a conversation: "recompute" (None) or "reuse" the turns after an edited message (PromptCache.chat)
-    after_edit: Optional[str] = None
+    # a conversation: "recompute" or "reuse" the turns after an edited message (PromptCache.chat)
+    after_edit: str = "recompute"
 
     @model_validator(mode="after")
     def _schema_or_documents(self) -> "ChatRequest":
-        if self.after_edit is not None:
+        if "after_edit" in self.model_fields_set:
             if self.after_edit not in AFTER_EDIT:
                 raise ValueError(f"after_edit={self.after_edit!r}: use one of {', '.join(AFTER_EDIT)}")
             if self.schema_name is not None:

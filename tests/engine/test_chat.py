@@ -6,6 +6,7 @@ from array import array
 
 import pytest
 
+from pc_cpu.engine import chat_prompt
 from pc_cpu.engine.chat_prompt import Tip, TipIndex
 from pc_cpu.errors import ContextOverflowError, PromptCacheError
 from pc_cpu.store.disk import DiskStore
@@ -53,7 +54,9 @@ def test_every_turn_answers_as_the_full_prefill_of_its_messages_and_reuses_the_t
         assert result.tiers == {"#conversation": "context"}
 
 
-def test_a_turn_sent_before_the_repair_computes_the_answer_again_and_answers_as_the_full_prefill(make_smollm2_cache):
+def test_a_turn_sent_before_the_repair_computes_the_answer_again_and_answers_as_the_full_prefill(
+        make_smollm2_cache, monkeypatch):
+    monkeypatch.setattr(chat_prompt, "REPAIR_DELAY_S", 600.0)  # no repair before the next turn, however slow the machine
     cache = make_smollm2_cache(n_ctx=2048)
     results, messages = talk(cache, QUESTIONS, pause=False, max_tokens=8)  # back to back; answers cut by max_tokens
     for turn, result in enumerate(results):
@@ -62,9 +65,8 @@ def test_a_turn_sent_before_the_repair_computes_the_answer_again_and_answers_as_
     layout = cache.chat_prompt(messages[:3], add_generation_prompt=False)
     start, end = layout.answers[-1]
     assert layout.tokens[start:end] == tuple(first.token_ids)  # the text sent back gives the generated tokens
-    # Its prompt, at least: the answer's cells as generated are computed again (or were repaired, if the
-    # machine was slow enough for the repair to start first).
-    assert second.cached_tokens >= first.prompt_tokens and second.tiers == {"#conversation": "context"}
+    # Its prompt exactly: the answer's cells as generated are not kept but computed again, as the full prefill does.
+    assert second.cached_tokens == first.prompt_tokens and second.tiers == {"#conversation": "context"}
 
 
 def test_after_edit_reuse_keeps_an_answers_cells_as_generated(make_smollm2_cache):
@@ -260,5 +262,6 @@ def test_the_tip_index_keeps_the_newest_tips_and_forgets_only_what_names_the_old
     index.add(tips[0], ("p0", "shared"), ("a0",))
     index.add(tips[1], ("p1",), ("a1",))
     index.add(tips[2], ("p2", "shared"), ())  # "shared" now names the newest tip; tips[0] goes
-    assert len(index) == 2 and index.holding_prefix("p0") is None and index.holding_answer("a0") is None
+    assert index.holding_prefix("p1") is tips[1] and index.holding_prefix("p2") is tips[2]  # the newest two
+    assert index.holding_prefix("p0") is None and index.holding_answer("a0") is None
     assert index.holding_prefix("shared") is tips[2] and index.holding_answer("a1") is tips[1]

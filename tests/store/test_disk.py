@@ -551,5 +551,6 @@ def test_entry_with_id_finds_one_entry_by_a_prefix_of_its_id_and_names_what_went
     with pytest.raises(UnknownEntryError, match="no stored module has id 'zz'") as missing:
         disk.entry_with_id("zz")
     assert missing.value.matches == 0
-    with pytest.raises(UnknownEntryError):
+    with pytest.raises(UnknownEntryError) as empty:
         disk.entry_with_id("")  # an empty prefix names no entry, not every entry
+    assert empty.value.matches == 0
