@@ -313,37 +313,33 @@ class ChatWork:
         return found.keep + sum(run.length for run in self._moved_runs(found.tokens, found.keep))
 
     def reusable(self, held: Head) -> int:
-        keep, exact_after = self._reuse(held)
-        if exact_after <= keep:  # nothing, or a stream followed into its answer as generated: no edit to look past
-            return keep
+        keep = self._reuse(held)
+        if keep is None:
+            return 0
         runs = self._moved_runs(held.cells[2], keep)
         if not keep and all(run.length < MIN_MOVED_TOKENS for run in runs):
             return 0  # a stream sharing a few tokens of markup: a stored tip may serve far more (prepare)
         return keep + sum(run.length for run in runs)
 
-    def _reuse(self, held: Head) -> tuple[int, int]:
-        """Returns the held cells this turn keeps and where its cells stop being the full prefill's then."""
+    def _reuse(self, held: Head) -> int | None:
+        """Returns how many of the held cells this turn keeps as the full prefill's, or None when it can keep none."""
         if not self.use_cache or not held.cells or held.cells[0] != _HEAD:
-            return 0, 0
+            return None
         _, _, tokens, exact_until = held.cells
         prompt = self.prompt
         lcp = common_prefix(tokens, prompt.tokens, prompt.end - 1)  # the last token is computed: its logits
-        exact = prompt.cut_at_or_before(min(lcp, exact_until))
-        if lcp > exact_until and self.after_edit == "reuse":
-            # The match goes on into cells that are not the full prefill's (an answer's as generated, not
-            # repaired yet; cells moved after an edit), which this turn accepts: all kept. Otherwise the
-            # turn computes them again from the boundary before them, as the repair would.
-            return (lcp, exact_until) if self.cells.can_cut or lcp == len(tokens) else (0, 0)
-        keep, exact_after = exact, prompt.end
+        # Kept up to the last call boundary where the cells are still the full prefill's: cells after it
+        # (an answer's as generated, not repaired yet; cells moved after an edit) are computed again, as
+        # the repair would compute them, unless after_edit="reuse" keeps them in place (_continue).
+        keep = prompt.cut_at_or_before(min(lcp, exact_until))
         if (not self.cells.can_cut and keep != len(tokens)) or keep < prompt.documents_end:
-            return 0, 0  # documents are made whole (prepare), never from part of a stream
-        return keep, exact_after
+            return None  # documents are made whole (prepare), never from part of a stream
+        return keep
 
     def prefill_tail(self, slot: int, held: Head) -> int:
-        keep, self._exact_until = self._reuse(held)
+        self._exact_until = self.prompt.end
         self._how = held.cells[1]
-        tokens = held.cells[2]
-        return self._continue(slot, keep, tokens if self._exact_until > keep else None)
+        return self._continue(slot, self._reuse(held), held.cells[2])
 
     def held_tiers(self) -> dict[str, Tier]:
         return {CONVERSATION: Tier.CONTEXT}
