@@ -21,6 +21,10 @@ Variants:
     recompute-gold                the gold document computed again after the cached cells before it
     standin:nq, standin:kv        documents 2..5 encoded after a fixed stand-in passage instead of
                                   right after the preamble (a "document in a list")
+    others-before:N               documents 2..5 encoded after N documents of another question
+                                  (real documents of the same kind, not this prompt's)
+    all-before:N                  the same for every document, the first one too
+    nq-before:N                   documents 2..5 encoded after N NQ passages (another kind of text)
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ STANDINS = {
 class Item:
     """One question's two builds of the cells before its tail, and what the variants need of them."""
 
-    def __init__(self, pc: PromptCache, question):
+    def __init__(self, pc: PromptCache, question, neighbour=None):
+        self.neighbour = neighbour  # another question, whose documents stand in for the ones before
         self.pc, self.ctx, self.enc = pc, pc.prompts, pc.documents.encoder
         self.slot, self.workspace = pc.roles.slots[0], pc.roles.workspace
         self.prompt = pc.documents.prompt(question.question, list(question.documents), system=question.system)
@@ -94,6 +99,12 @@ class Item:
             return self._recomputed_gold()
         if kind == "standin":
             return self._after_standin(STANDINS[arg])
+        if kind in ("others-before", "all-before"):
+            return self._after_standin("".join(d + "\n\n" for d in self.neighbour.documents[:int(arg)]),
+                                       first_too=kind == "all-before")
+        if kind == "nq-before":
+            passages = questions("nq", "odd", 1, 5)[0].documents
+            return self._after_standin("".join(d + "\n\n" for d in passages[:int(arg)]))
         raise SystemExit(f"unknown variant {name!r}; see the module docstring")
 
     def _recomputed_gold(self) -> bytearray:
@@ -112,12 +123,12 @@ class Item:
             ctx.seq_rm(ws)
         return self._joined([before, after] if self.gold.end < self.prompt.tail_start else [before])
 
-    def _after_standin(self, text: str) -> bytearray:
-        """Returns the cells with documents 2..5 computed after the preamble and `text`, then moved into place."""
+    def _after_standin(self, text: str, first_too: bool = False) -> bytearray:
+        """Returns the cells with documents 2..5 (or all) computed after the preamble and `text`, then moved into place."""
         ctx, ws, p = self.ctx, self.workspace, self.prompt
         standin = tuple(self.pc.model.tokenize(text, special=False))
-        blobs = [self.pieces[0].blob, self.pieces[1].blob]
-        for doc in p.documents[1:]:
+        blobs = [self.pieces[0].blob] if first_too else [self.pieces[0].blob, self.pieces[1].blob]
+        for doc in p.documents[0 if first_too else 1:]:
             ctx.seq_rm(ws)
             try:
                 ctx.state_set(ws, ops.restream(self.pieces[0].blob, ctx.n_stream))
@@ -175,8 +186,9 @@ def main() -> None:
     variants = args.variant or ["exact", "cached"]
     scores: dict[str, list[float]] = {v: [] for v in variants}
     with PromptCache(args.model, threads=args.threads, n_ctx=4096) as pc:
-        for question in questions(args.task, "even", args.n, 5):
-            item = Item(pc, question)
+        asked = questions(args.task, "even", args.n + 1, 5)
+        for question, neighbour in zip(asked, asked[1:]):
+            item = Item(pc, question, neighbour)
             if args.deviation and not any(scores.values()):
                 print("| layer | K rel. distance, tokens 0-3 of a document | 4-15 | 16-31 | 32- |\n|---|---|---|---|---|")
                 print("\n".join(deviation(item)), flush=True)

@@ -47,7 +47,7 @@ from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_after_edit, check_messages
-from pc_cpu.pml.documents import DocumentPrompt, check_document_policy, check_prefix
+from pc_cpu.pml.documents import DocumentPrompt, check_document_policy, check_encoding, check_prefix
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.layout import Layout
 from pc_cpu.pml.plan import Plan, build_plan
@@ -328,7 +328,7 @@ class PromptCache:
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
             system: str | None = None, order: str | None = None, setting: str | None = None,
-            prefix: str | None = None, **overrides) -> Result:
+            prefix: str | None = None, encoding: str = "library", **overrides) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
@@ -352,16 +352,22 @@ class PromptCache:
         its exact prefix is computed once nothing else runs (`wait_idle`), for the next question;
         "first": the first question computes it (as slow as the baseline), the next ones reuse it;
         "off": never (every question is assembled from documents encoded apart).
+        encoding: what a document's cells were computed after, besides the system message:
+        "library" (the default) the documents the library added before it (up to 4, their last
+        512 tokens; pc_cpu.pml.documents.stand_in_places), as a document in a list is computed,
+        or "preamble" the system message alone. The first document of a prompt always takes
+        the preamble's (where the full prefill computes it). add_document computes both.
         """
         stream = self.stream_ask(question, GenerationOptions.of(options, overrides, method="ask"),
-                                 documents=documents, system=system, order=order, setting=setting, prefix=prefix)
+                                 documents=documents, system=system, order=order, setting=setting, prefix=prefix,
+                                 encoding=encoding)
         for _ in stream:
             pass
         return stream.result
 
     def stream_ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
                    system: str | None = None, order: str | None = None, setting: str | None = None,
-                   prefix: str | None = None, **overrides) -> "Stream":
+                   prefix: str | None = None, encoding: str = "library", **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream_ask")
@@ -369,10 +375,12 @@ class PromptCache:
         sampling = _sampling(options)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
         check_prefix(prefix)  # likewise
+        check_encoding(encoding)
         with self._lock:  # as every library read of the façade; tokenizing needs no lock and waits for no step
             docs = self.documents.resolve(documents)
+            before = self.documents.before(docs) if encoding == "library" else None
         work = self.documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
-                                   use_cache=options.use_cache, prefix=prefix)
+                                   use_cache=options.use_cache, prefix=prefix, before=before)
         return self._submit(work, sampling, options, t0)
 
     def chat(self, messages: Sequence, options: GenerationOptions | None = None, *,

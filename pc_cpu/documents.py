@@ -24,9 +24,9 @@ from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
 from pc_cpu.kvstate.rope import RopeParams
-from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_prefix, check_question, document_id, document_tokens,
-                                  has_text, layout_documents, order_documents, preamble_tokens, tail_tokens,
-                                  with_recompute)
+from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_prefix,
+                                  check_question, document_id, document_tokens, has_text, layout_documents,
+                                  order_documents, preamble_tokens, stand_ins, tail_tokens, with_recompute)
 from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
@@ -99,14 +99,34 @@ class Documents:
                 del self._tokens[next(iter(self._tokens))]
         return tokens
 
+    def before(self, docs: Sequence[Document]) -> dict[str, list[str]]:
+        """Returns, for each of `docs`, the texts of the documents the library added just before it (its stand-ins).
+
+        Read under the façade's lock, as every library read.
+        """
+        return {doc.id: [d.text for d in self.library.stand_ins(doc.id)] for doc in docs}
+
+    def stand_ins(self, texts: list[str], preamble: tuple[int, ...], tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """Returns the stand-in tokens of a document of `tokens` after `preamble`, from the texts added before it."""
+        room = self.prompts.n_ctx - len(preamble) - len(tokens) - 1
+        return stand_ins([self.tokens(text) for text in texts], room)
+
     def prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
-               names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:
-        """Returns the layout of `question` over documents of these texts (see PromptCache.document_prompt)."""
+               names: Sequence[str] | None = None, order: str = "given",
+               before: dict[str, list[str]] | None = None) -> DocumentPrompt:
+        """Returns the layout of `question` over documents of these texts (see PromptCache.document_prompt).
+
+        `before`: each document's stand-in texts by id (`before()`), for encoding="library"; None:
+        every document encoded after the preamble alone.
+        """
         check_question(question)
         ids = [document_id(text) for text in texts]
         tail = tail_tokens(question, self.model, self.markup)
         placed = order_documents([(doc_id, self.tokens(text)) for doc_id, text in zip(ids, texts)], tail, order)
-        prompt = layout_documents(preamble_tokens(system, self.model, self.markup), placed, tail)
+        preamble = preamble_tokens(system, self.model, self.markup)
+        after = None if before is None else {
+            doc_id: self.stand_ins(before.get(doc_id, []), preamble, tokens) for doc_id, tokens in placed}
+        prompt = layout_documents(preamble, placed, tail, after)
         if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
             raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
                                                          self.model.info.n_ctx_train))
@@ -119,15 +139,18 @@ class Documents:
         return [self.library.resolve(d) for d in documents]
 
     def work(self, question: str, docs: Sequence[Document], *, names: Sequence[str], system: str | None, order: str,
-             policy: RecomputePolicy, use_cache: bool, prefix: str = "off") -> DocumentWork:
+             policy: RecomputePolicy, use_cache: bool, prefix: str = "off",
+             before: dict[str, list[str]] | None = None) -> DocumentWork:
         """Returns the question over `docs` (from `resolve`; `names` as the caller gave them) as the scheduler runs it.
 
         Only tokenizes the question (the documents' tokens are kept): it needs no context lock.
         `prefix`: when the exact prefix is computed and used (pc_cpu.pml.documents.PREFIXES).
+        `before`: the documents' stand-ins (`before()`) for encoding="library"; None: "preamble".
         """
         if use_cache:
             self.check_supported()
-        prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(names), order=order)
+        prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(names), order=order,
+                             before=before)
         if use_cache:
             prompt = with_recompute(prompt, policy)
         return DocumentWork(prompt, self.encoder, use_cache, check_prefix(prefix))
@@ -164,16 +187,23 @@ class Documents:
         the caller holds the adder's stream and the context lock around this call.
         """
         label = new.name or new.id
-        tracker = ProgressTracker(label, {new.id: len(new.tokens)}, progress, kind="document")
+        # Both encodings a prompt can take: after the preamble alone (the first document of a prompt),
+        # and after its stand-ins (every other place, encoding="library"); a question then computes neither.
+        before = [d.text for d in self.library.stand_ins(new.id)]
+        after = self.stand_ins(before, new.preamble, new.tokens)
+        contexts = (new.preamble, new.preamble + after) if after else (new.preamble,)
+        tracker = ProgressTracker(label, {new.id: len(new.tokens) * len(contexts)}, progress, kind="document")
 
         def report(n: int) -> None:
             tracker.computed(new.id, n)
             check_cancel(cancel, f"adding document {label}", "nothing was registered", AddCancelledError)
 
         preamble: dict[str, Tier] = {}
-        _, tier = self.adder.document_blob(new.preamble, new.id, new.tokens, on_computed=pace(report), served=preamble)
+        tiers = [self.adder.document_blob(context, new.id, new.tokens, on_computed=pace(report),
+                                          served=None if i else preamble)[1] for i, context in enumerate(contexts)]
         self.library.add(new.id, new.text, new.name)
-        if tier == Tier.ENCODED:
+        tier = tiers[0]
+        if Tier.ENCODED in tiers:
             tracker.finished(new.id)
         return AddedDocument(new.id, {new.id: tier, **preamble})
 

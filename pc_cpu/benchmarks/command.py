@@ -438,6 +438,12 @@ def relocation(model, threads, quick, as_json, count, timing_only):
 @click.option("--n", "count", type=click.IntRange(1), default=300, show_default=True, help="Items per model.")
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="Documents per question.")
 @click.option("--max-tokens", type=click.IntRange(1), default=None, help="Answer length (default 24 NQ, 128 KV).")
+@click.option("--encoding", "encodings", multiple=True, type=click.Choice(["library", "preamble"]),
+              help="What each document is encoded after besides the system message (ask(encoding=...); "
+                   "repeatable; default library).")
+@click.option("--library", type=click.Choice(["shuffled", "item"]), default="shuffled", show_default=True,
+              help="shuffled: every item's documents are added first, in a random order (a question is then a "
+                   "new combination); item: each item's documents are added just before it, in its order.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSON-lines file of every answer; a run with the same file resumes where it stopped.")
 @click.option("--summary", "summaries", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -447,8 +453,8 @@ def relocation(model, threads, quick, as_json, count, timing_only):
                    "replacing this bench's section.")
 @quick_option
 @json_option
-def documents_accuracy(models, threads, policies, orders, task, split, count, docs, max_tokens, out, summaries, results,
-             quick, as_json):
+def documents_accuracy(models, threads, policies, orders, task, split, count, docs, max_tokens, encodings, library, out,
+                       summaries, results, quick, as_json):
     """Documents against the full prefill: `ask` variants paired with use_cache=False, accuracy and TTFT.
 
     Example: pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 --n 300
@@ -463,7 +469,8 @@ def documents_accuracy(models, threads, policies, orders, task, split, count, do
     else:
         job = da.AccuracyJob(models=tuple(models) or (None,), policies=tuple(policies) or ("0",),
                              orders=tuple(orders) or ("given",), task=task, split=split,
-                             n=10 if quick else count, docs=docs, threads=threads, max_tokens=max_tokens or 0)
+                             n=10 if quick else count, docs=docs, threads=threads, max_tokens=max_tokens or 0,
+                             encodings=tuple(encodings) or ("library",), library=library)
         with ExitStack() as stack:
             path = Path(out) if out else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "answers.jsonl"
             with _bar(len(job.models) * job.n, "documents accuracy", as_json) as progress:

@@ -27,6 +27,7 @@ ago does, and a variant never reuses the stream an earlier variant left behind.
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
@@ -43,6 +44,11 @@ EXACT = "exact"  # the policy field of a question asked again, answered from the
 EXACT_RAM = "exact-ram"  # the same, with the prefix's stream dropped in between: restored from the RAM tier
 REPEATED = (EXACT, EXACT_RAM)  # variants that are not recompute policies
 SPLITS = ("odd", "even", "all")
+# "shuffled": every item's documents added first, in a seeded random order, so that a question's
+# documents were encoded after other questions' (a new combination of a library); "item": each
+# item's documents added just before it is asked, in its order, and removed after it.
+LIBRARIES = ("shuffled", "item")
+ANY = "-"  # the encoding field of variants that do not depend on it (the full prefill, exact prefixes)
 TASKS = ("nq", "kv")
 GOAL_PTS = 2.5  # the goal: within 2.5 points of the full prefill
 GOAL_SPEEDUP = 10.0  # at >= 10x its TTFT
@@ -61,6 +67,8 @@ class AccuracyJob:
     docs: int = 5
     threads: int = 2
     max_tokens: int = 0  # 0: 24 for NQ, 128 for KV (the small models restate the key first)
+    encodings: tuple[str, ...] = ("library",)  # ask(encoding=...) of the cached variants
+    library: str = "shuffled"  # LIBRARIES: how the library holding the items' documents is built
 
     @property
     def answer_tokens(self) -> int:
@@ -111,16 +119,29 @@ def read_records(path: Path) -> list[dict]:
 
 
 def _done(records: list[dict]) -> set[tuple]:
-    return {(r["model"], r["index"], r["order"], r["policy"]) for r in records}
+    return {(r["model"], r["index"], r["order"], r["policy"], _encoding(r)) for r in records}
+
+
+def _encoding(record: dict) -> str:
+    """Returns a record's document encoding; "preamble" for records made before `encoding` existed."""
+    return record.get("encoding", ANY if record["policy"] in (FULL, *REPEATED) else "preamble")
+
+
+def variant(record: dict) -> str:
+    """Returns the name a record's variant goes by in tables: its policy, and its encoding unless "library"."""
+    encoding = _encoding(record)
+    return record["policy"] if encoding in (ANY, "library") else f"{record['policy']}, {encoding}"
 
 
 def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda n: None) -> list[dict]:
     """Answers every item of `job` with every model and variant, appending records to `out`; returns all records.
 
-    Records already in `out` (same model, item, order and policy) are not asked again.
+    Records already in `out` (same model, item, order, policy and encoding) are not asked again.
     """
     from pc_cpu import PromptCache
 
+    if job.library not in LIBRARIES:
+        raise ValueError(f"library {job.library!r}: use one of {LIBRARIES}")
     items = questions(job.task, job.split, job.n, job.docs)
     records = read_records(out)
     done = _done(records)
@@ -131,8 +152,9 @@ def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda
                 name = model or pc.model.path.name
                 pc.ask("warm up", documents=[], system=items[0].system if items else None, max_tokens=1,
                        prefix="off")
+                library = _shuffled_library(pc, items) if job.library == "shuffled" else None
                 for item in items:
-                    for record in _answer(pc, name, item, job, done):
+                    for record in _answer(pc, name, item, job, done, library):
                         records.append(record)
                         sink.write(json.dumps(record) + "\n")
                         sink.flush()
@@ -140,15 +162,25 @@ def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda
     return records
 
 
-def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple]) -> Iterator[dict]:
+def _shuffled_library(pc, items: list[Question]) -> dict[str, str]:
+    """Returns the ids of every item's documents by text, after adding them all in a seeded random order."""
+    texts = list(dict.fromkeys((text, item.system) for item in items for text in item.documents))
+    random.Random(0).shuffle(texts)
+    return {text: pc.add_document(text, system=system) for text, system in texts}
+
+
+def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple],
+            library: dict[str, str] | None) -> Iterator[dict]:
     """Yields the records of one item not yet in `done`: a baseline per order, then each variant."""
-    wanted = [(order, policy) for order in job.orders for policy in (FULL, *job.policies)
-              if (model, item.index, order, policy) not in done]
+    wanted = [(order, policy, encoding) for order in job.orders for policy in (FULL, *job.policies)
+              for encoding in ((ANY,) if policy in (FULL, *REPEATED) else job.encodings)
+              if (model, item.index, order, policy, encoding) not in done]
     if not wanted:
         return
-    ids = [pc.add_document(text, system=item.system) for text in item.documents]
+    ids = ([library[text] for text in item.documents] if library is not None
+           else [pc.add_document(text, system=item.system) for text in item.documents])
     try:
-        for order, policy in wanted:
+        for order, policy, encoding in wanted:
             pc.evict()  # restore from the RAM tier; never reuse the stream another variant left
             if policy in REPEATED:
                 result = _asked_again(pc, item, ids, order, job.answer_tokens, from_ram=policy == EXACT_RAM)
@@ -156,14 +188,16 @@ def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple]) 
                 baseline = policy == FULL
                 result = pc.ask(item.question, documents=ids, system=item.system, max_tokens=job.answer_tokens,
                                 use_cache=not baseline, recompute=None if baseline else policy, order=order,
-                                prefix="off")
+                                prefix="off", encoding="library" if baseline else encoding)
             yield {"model": model, "task": job.task, "index": item.index, "gold_index": item.gold_index,
-                   "order": order, "policy": policy, "correct": correct(result.text, item.answers),
+                   "order": order, "policy": policy, "encoding": encoding, "library": job.library,
+                   "correct": correct(result.text, item.answers),
                    "text": result.text, "ttft_ms": result.ttft_ms, "uncached_tokens": result.uncached_tokens,
                    "prompt_tokens": result.prompt_tokens, "documents": result.modules}
     finally:
-        for doc_id in dict.fromkeys(ids):  # a library of one item at a time: the store stays small
-            pc.remove_document(doc_id)
+        if library is None:
+            for doc_id in dict.fromkeys(ids):  # a library of one item at a time: the store stays small
+                pc.remove_document(doc_id)
 
 
 def _asked_again(pc, item: Question, ids: list[str], order: str, max_tokens: int, *, from_ram: bool = False):
@@ -213,7 +247,7 @@ def summarize(records: list[dict]) -> list[Row]:
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r["policy"] != FULL and (r["model"], r["task"], r["order"], r["index"]) in full:
-            groups.setdefault((r["model"], r["task"], r["order"], r["policy"]), []).append(r)
+            groups.setdefault((r["model"], r["task"], r["order"], variant(r)), []).append(r)
     rows = []
     for (model, task, order, policy), rs in groups.items():
         base = [full[(model, task, order, r["index"])] for r in rs]

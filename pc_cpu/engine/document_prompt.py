@@ -60,8 +60,9 @@ class DocumentWork:
         blob, tier = encoder.preamble_blob(prompt.preamble, preamble_key)
         pieces, tiers = [SavedCells(blob, 0)], {PREAMBLE: tier}
         for doc, key in zip(prompt.documents, doc_keys):
-            blob, tier = encoder.document_blob(prompt.preamble, doc.id, doc.tokens, key)
-            pieces.append(SavedCells(blob, doc.start - prompt.home))
+            context = doc.context(prompt.preamble)
+            blob, tier = encoder.document_blob(context, doc.id, doc.tokens, key)
+            pieces.append(SavedCells(blob, doc.start - len(context)))
             tiers.setdefault(doc.id, tier)
         self._pieces = pieces
         return tiers
@@ -120,7 +121,7 @@ class DocumentWork:
         """The preamble's key, then each document's: hashed once per prompt (head and prepare both need them)."""
         prompt, encoder = self.prompt, self.encoder
         return (encoder.preamble_key(prompt.preamble),) + tuple(
-            encoder.document_key(prompt.preamble, doc.id, doc.tokens) for doc in prompt.documents)
+            encoder.document_key(doc.context(prompt.preamble), doc.id, doc.tokens) for doc in prompt.documents)
 
     @cached_property
     def _prefix_key(self) -> StoreKey:

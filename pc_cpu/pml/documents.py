@@ -30,6 +30,10 @@ from pc_cpu.pml.text import check_utf8
 from pc_cpu.pml.tokenizer import Tokenizer
 
 DOCUMENT_MODE = "document"  # the store's mode for document encodings (beside the schema modes)
+# ask(encoding=...): what a document's cells are computed after, besides the preamble (stand_ins).
+ENCODINGS = ("library", "preamble")
+STAND_IN_DOCUMENTS = 4  # "library": a document is encoded after at most this many documents added before it
+STAND_IN_TOKENS = 512  # ... and at most this many of their tokens (the last ones)
 SEPARATOR = "\n\n"  # ends every document, so that the next one (or the question) starts a paragraph
 
 
@@ -86,6 +90,44 @@ def tail_tokens(question: str, tokenizer: Tokenizer, markup: RoleMarkup) -> tupl
             + tuple(tokenizer.tokenize(markup.suffix["user"] + markup.generation_prompt, special=True)))
 
 
+def check_encoding(encoding: str) -> str:
+    """Returns `encoding` if it is one of ENCODINGS; raises DocumentError naming them."""
+    if encoding not in ENCODINGS:
+        raise DocumentError(f"encoding={encoding!r} is not a document encoding; use one of {', '.join(ENCODINGS)}")
+    return encoding
+
+
+def stand_in_places(index: int) -> range:
+    """Returns the places in the library (oldest first) of the documents the one at `index` is encoded after.
+
+    The library's first STAND_IN_DOCUMENTS documents are each encoded after the ones before them
+    (a few files added in the order they are asked about are then encoded as a full prefill
+    computes them); every later group of STAND_IN_DOCUMENTS documents after the group before
+    it, so that one stand-in context serves the whole group and adding a document computes that
+    context's tokens once per group, not once per document.
+    """
+    if index < STAND_IN_DOCUMENTS:
+        return range(index)
+    group = index - index % STAND_IN_DOCUMENTS
+    return range(group - STAND_IN_DOCUMENTS, group)
+
+
+def stand_ins(before: list[tuple[int, ...]], room: int) -> tuple[int, ...]:
+    """Returns the tokens a document is encoded after, besides the preamble: the documents before it, as in a list.
+
+    In a full prefill every document but the first is computed after other documents, and on a
+    small model that changes its cells a lot: encoded after the preamble alone, a document's keys
+    read as the start of the user's message and draw the question's attention from the
+    document it asks about (bench/RESULTS.md, "Where the loss is"). Encoded after a few other
+    documents of the same kind, they read as a document in a list. `before`: the documents at
+    its stand_in_places (oldest first), of whose tokens the last STAND_IN_TOKENS count, and no
+    more than `room` (the positions left in the context).
+    """
+    tokens = tuple(t for doc in before for t in doc)
+    keep = max(0, min(STAND_IN_TOKENS, room, len(tokens)))
+    return tokens[len(tokens) - keep:] if keep else ()
+
+
 def preamble_content(preamble: tuple[int, ...]) -> str:
     """Returns the content digest of a preamble's cells: its tokens at positions 0..n-1."""
     return content_digest(DOCUMENT_MODE, "preamble", list(preamble))
@@ -128,10 +170,17 @@ class PlacedDocument:
     id: str
     tokens: tuple[int, ...]
     start: int
+    # What its cells are computed after, besides the preamble (stand_ins): () for the first document,
+    # which the prompt places at its home, where the full prefill computes it after the preamble alone.
+    after: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+    def context(self, preamble: tuple[int, ...]) -> tuple[int, ...]:
+        """Returns the tokens its cells are computed after: the preamble, then its stand-ins."""
+        return preamble + self.after
 
 
 @dataclass(frozen=True)
@@ -200,11 +249,16 @@ def order_documents(documents: list[tuple[str, tuple[int, ...]]], question: tupl
 
 
 def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],
-                     tail: tuple[int, ...]) -> DocumentPrompt:
-    """Returns the DocumentPrompt that places `documents` ((id, tokens) pairs) back to back after the preamble."""
+                     tail: tuple[int, ...], after: dict[str, tuple[int, ...]] | None = None) -> DocumentPrompt:
+    """Returns the DocumentPrompt that places `documents` ((id, tokens) pairs) back to back after the preamble.
+
+    `after`: each document's stand-ins (stand_ins) by id, used by every document but the first;
+    None or a missing id: encoded after the preamble alone.
+    """
     placed, position = [], len(preamble)
-    for doc_id, tokens in documents:
-        placed.append(PlacedDocument(doc_id, tokens, position))
+    for i, (doc_id, tokens) in enumerate(documents):
+        standing = (after or {}).get(doc_id, ()) if i else ()
+        placed.append(PlacedDocument(doc_id, tokens, position, standing))
         position += len(tokens)
     return DocumentPrompt(preamble, tuple(placed), tail)
 

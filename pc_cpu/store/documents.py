@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
+from pc_cpu.pml.documents import stand_in_places
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.store.atomic import find_orphans, write_atomically
 from pc_cpu.store.base import ModuleStore
@@ -240,6 +241,15 @@ class DocumentLibrary:
 
     def get(self, doc_id: str) -> Document | None:
         return self._docs.get(doc_id)
+
+    def stand_ins(self, doc_id: str) -> list[Document]:
+        """Returns the documents `doc_id` is encoded after (pc_cpu.pml.documents.stand_in_places), oldest first.
+
+        A document not in the library takes the place the next one added would.
+        """
+        docs = self.all()
+        index = next((i for i, d in enumerate(docs) if d.id == doc_id), len(docs))
+        return [docs[i] for i in stand_in_places(index)]
 
     def resolve(self, id_or_name: str) -> Document:
         """Returns the document with this id, or the one this name is an alias of.
