@@ -1,8 +1,10 @@
 """Encodes documents once, and assembles a prompt's documents into its stream by moving their saved cells.
 
-Each document is computed once per preamble, at its home (right after the
-preamble, pc_cpu.pml.documents), in the encoders' workspace stream, from slot 0:
-the same bytes in every process. Its state blob goes to the byte tiers under its
+Each document is computed once per context, right after it: the preamble alone
+(its home), or the preamble and its stand-ins (pc_cpu.pml.documents). A context is
+encoded like a preamble, once, and restored under each document computed after it;
+all of it in the encoders' workspace stream, from slot 0: the same bytes in every
+process. Its state blob goes to the byte tiers under its
 content key, so a library larger than the context costs RAM and disk, never
 context cells: nothing of it is resident until a prompt uses it.
 

@@ -6,13 +6,17 @@ A document prompt is one chat turn, built from the model's own role markup:
     <-------------- preamble -------------->                  <------------------ tail ------------------>
 
 The preamble is computed once per system message. Each document is encoded once
-per preamble, right after it (its "home", the first position a document can take),
-and moved to wherever a prompt places it: documents follow each other in the order
-the caller gives, with no gaps. Position independence is what lets a library of any
-size be encoded once: a document's cells do not depend on which documents come
-before it in a prompt (the paper's independence assumption, measured in
-bench/RESULTS.md), only on the preamble, so adding, removing or reordering
-documents never re-encodes the others.
+per preamble, and moved to wherever a prompt places it: documents follow each
+other in the order the caller gives, with no gaps. Position independence is what
+lets a library of any size be encoded once: a document's cells do not depend on
+which documents come before it in a prompt, so asking over any combination or
+order never re-encodes a document. Two encodings per document: right after the
+preamble (its "home", the first position a document can take), which the first
+document of a prompt uses because the full prefill computes it there; and after
+the preamble and a few stand-ins (the documents the library added before it,
+stand_in_places), which every other place uses, so that its cells are computed as a
+document in a list is, not as the start of the user's message (encoding="library";
+"preamble" uses the home encoding everywhere, as the paper's modules do).
 
 Pure Python: the tokenizer and markup are passed in (pc_cpu.pml.tokenizer, roles).
 """

@@ -296,9 +296,10 @@ def test_remove_document_frees_its_files_and_leaves_the_others(cache_with_store,
     cache = cache_with_store()
     keep = cache.add_document(PARIS, name="paris")
     gone = cache.add_document(FUJI, name="fuji")
-    cache.ask(QUESTION, documents=["fuji"], system="Answer briefly.", max_tokens=2)  # a second encoding of fuji
+    cache.ask(QUESTION, documents=["fuji"], system="Answer briefly.", max_tokens=2)  # another system message
     labels = lambda: sorted(k.label for k in cache.store.tiers[1].keys())  # noqa: E731
-    assert labels().count(f"document {gone}") == 2
+    # fuji: after the preamble, after paris (its stand-in, encoding="library"), and after the other preamble
+    assert labels().count(f"document {gone}") == 3
     cache.remove_document("fuji")
     assert f"document {gone}" not in labels() and f"document {keep}" in labels()
     assert not (tmp_path / "store" / "documents" / f"{gone}.json").exists()
@@ -542,3 +543,40 @@ def test_add_document_gives_the_id_and_the_tiers_that_served_it(make_cache, tmp_
     first.close()
     again = make_cache(store=store).add_document(PARIS, system="Answer briefly.")
     assert again == added and again.tiers == {added: "disk"}
+
+
+def test_add_document_prepares_every_place_a_prompt_can_give_the_document(cache_with_store):
+    cache = cache_with_store()
+    paris, fuji = cache.add_document(PARIS), cache.add_document(FUJI)
+    encoded = cache.documents_encoded
+    for documents in ([paris, fuji], [fuji, paris]):
+        for encoding in ("library", "preamble"):
+            result = cache.ask(QUESTION, documents=documents, max_tokens=2, prefix="off", encoding=encoding)
+            assert "encoded" not in result.tiers.values(), (documents, encoding)
+    assert cache.documents_encoded == encoded
+
+
+def test_a_document_after_a_stand_in_gets_other_cells_and_the_same_prompt_tokens(cache_with_store):
+    cache = cache_with_store()
+    paris, fuji = cache.add_document(PARIS), cache.add_document(FUJI)
+    docs = [cache.library.get(paris), cache.library.get(fuji)]
+    texts = [d.text for d in docs]
+    library = cache.documents.prompt(QUESTION, texts, before=cache.documents.before(docs))
+    alone = cache.documents.prompt(QUESTION, texts)
+    assert library.tokens == alone.tokens and library.documents[0].after == ()
+    assert library.documents[1].after == document_tokens(PARIS, cache.model)  # fuji was added after paris
+    logits = []
+    for prompt in (library, alone):
+        work = DocumentWork(prompt, cache.documents.encoder, True)
+        work.prepare()
+        work.prefill(0)
+        logits.append(cache.prompts.logits())
+        cache.prompts.seq_rm(0)
+    assert not np.array_equal(*logits)
+
+
+def test_an_unknown_encoding_is_refused_before_anything_runs(cache_with_store):
+    cache = cache_with_store()
+    paris = cache.add_document(PARIS)
+    with pytest.raises(DocumentError, match="library, preamble"):
+        cache.ask(QUESTION, documents=[paris], encoding="chain")

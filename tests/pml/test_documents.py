@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pc_cpu.errors import PromptCacheError
-from pc_cpu.pml.documents import check_question, document_id, order_documents, preamble_tokens
+from pc_cpu.errors import DocumentError, PromptCacheError
+from pc_cpu.pml.documents import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, check_encoding, check_question, document_id,
+                                  layout_documents, order_documents, preamble_tokens, stand_in_places, stand_ins)
 from tests.fake_tokenizer import WordTokenizer
 from tests.pml.conftest import CHATML_MARKUP, utf8_refusal
 
@@ -43,3 +44,35 @@ def test_order_of_one_document_or_a_question_sharing_nothing_is_the_given_one():
 def test_an_unknown_order_names_the_ones_there_are():
     with pytest.raises(PromptCacheError, match="order='random' is not an order; use one of given, relevant-first"):
         order_documents(DOCS, ABOUT_PARIS, "random")
+
+
+def test_the_first_documents_are_encoded_after_the_ones_before_them_and_later_groups_after_the_group_before():
+    n = STAND_IN_DOCUMENTS
+    assert [list(stand_in_places(i)) for i in range(n)] == [list(range(i)) for i in range(n)]
+    for i in range(n, 3 * n):  # one stand-in context per group: adding a group computes it once
+        group = i - i % n
+        assert list(stand_in_places(i)) == list(range(group - n, group))
+
+
+def test_stand_ins_keep_the_last_tokens_that_fit():
+    before = [tuple(range(100 * d, 100 * d + 300)) for d in range(3)]  # 900 tokens
+    kept = stand_ins(before, room=10_000)
+    assert len(kept) == STAND_IN_TOKENS and kept[-1] == before[-1][-1]
+    assert stand_ins(before, room=7) == before[-1][-7:]  # a long document leaves less room
+    assert stand_ins(before, room=0) == () and stand_ins([], room=100) == ()
+
+
+def test_the_first_document_of_a_prompt_is_encoded_after_the_preamble_alone():
+    after = {"a": (7, 8), "b": (9,)}
+    prompt = layout_documents((1, 2), [("a", (3, 4)), ("b", (5,))], (6,), after)
+    first, second = prompt.documents
+    assert first.after == () and first.context(prompt.preamble) == (1, 2)  # where the full prefill computes it
+    assert second.after == (9,) and second.context(prompt.preamble) == (1, 2, 9)
+    assert prompt.tokens == (1, 2, 3, 4, 5, 6)  # stand-ins are never prompt tokens
+    assert all(d.after == () for d in layout_documents((1,), [("a", (3,)), ("b", (5,))], (6,)).documents)
+
+
+def test_an_unknown_encoding_names_the_ones_there_are():
+    assert check_encoding("library") == "library"
+    with pytest.raises(DocumentError, match="library, preamble"):
+        check_encoding("chain")
