@@ -328,7 +328,7 @@ class PromptCache:
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
             system: str | None = None, order: str | None = None, setting: str | None = None,
-            prefix: str | None = None, encoding: str = "library", **overrides) -> Result:
+            prefix: str | None = None, encoding: str | None = None, **overrides) -> Result:
         """Returns the model's answer to `question` over `documents` (ids or names), in the order given.
 
         The documents' cells are restored from their encodings and moved into place; only
@@ -353,10 +353,12 @@ class PromptCache:
         "first": the first question computes it (as slow as the baseline), the next ones reuse it;
         "off": never (every question is assembled from documents encoded apart).
         encoding: what a document's cells were computed after, besides the system message:
-        "library" (the default) the documents the library added before it (up to 4, their last
-        512 tokens; pc_cpu.pml.documents.stand_in_places), as a document in a list is computed,
-        or "preamble" the system message alone. The first document of a prompt always takes
-        the preamble's (where the full prefill computes it). add_document computes both.
+        "library" the documents the library added before it (up to 4, their last 512 tokens;
+        pc_cpu.pml.documents.stand_in_places), as a document in a list is computed, or
+        "preamble" the system message alone. The first document of a prompt always takes the
+        preamble's (where the full prefill computes it). add_document computes both. None: the
+        model's measured choice (its "fast" setting, pc_cpu.document_settings; "library" on
+        models not measured).
         """
         stream = self.stream_ask(question, GenerationOptions.of(options, overrides, method="ask"),
                                  documents=documents, system=system, order=order, setting=setting, prefix=prefix,
@@ -367,11 +369,12 @@ class PromptCache:
 
     def stream_ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
                    system: str | None = None, order: str | None = None, setting: str | None = None,
-                   prefix: str | None = None, encoding: str = "library", **overrides) -> "Stream":
+                   prefix: str | None = None, encoding: str | None = None, **overrides) -> "Stream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream_ask")
-        recompute, order, prefix = self._document_setting(setting, options.recompute, order, prefix)
+        recompute, order, prefix, encoding = self._document_setting(setting, options.recompute, order, prefix,
+                                                                     encoding)
         sampling = _sampling(options)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
         check_prefix(prefix)  # likewise
@@ -476,19 +479,22 @@ class PromptCache:
         checked = check_messages(messages, finished=not add_generation_prompt)
         return chat_prompt(checked, self.chat_template, self.model, add_generation_prompt=add_generation_prompt)
 
-    def _document_setting(self, setting: str | None, recompute, order: str | None, prefix: str | None) -> tuple:
-        """Returns the (recompute, order, prefix) `ask` uses: the named setting's for this model, else the ones given.
+    def _document_setting(self, setting: str | None, recompute, order: str | None, prefix: str | None,
+                          encoding: str | None = None) -> tuple:
+        """Returns the (recompute, order, prefix, encoding) `ask` uses: the named setting's for this model, else the ones given.
 
-        A prefix given wins over the setting's (a benchmark measuring the setting on documents
-        encoded apart gives "off").
+        A prefix or encoding given wins over the setting's (a benchmark measuring the setting on
+        documents encoded apart gives prefix "off"). Without a setting, the encoding is the one
+        measured best on this model (its "fast" setting's).
         """
         if setting is None:
-            return recompute, order or "given", prefix or "background"
+            encoding = encoding or document_settings.settings_for(self.model.path.name).fast.encoding
+            return recompute, order or "given", prefix or "background", encoding
         if recompute is not None or order is not None:
             raise PromptCacheError(f"setting={setting!r} chooses recompute and order itself; give either setting "
                                    "or recompute/order, not both")
         chosen = document_settings.setting(self.model.path.name, setting)
-        return chosen.recompute, chosen.order, prefix or chosen.prefix
+        return chosen.recompute, chosen.order, prefix or chosen.prefix, encoding or chosen.encoding
 
     def document_prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                         names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:

@@ -17,7 +17,7 @@ from pc_cpu import crash_guard
 from pc_cpu.document_settings import SETTINGS, advice
 from pc_cpu.errors import PromptCacheError, UnknownEntryError
 from pc_cpu.pml.encoding import ENCODING_MODES
-from pc_cpu.pml.documents import NO_TEXT, ORDERS, PREFIXES, check_document_policy, check_question, has_text
+from pc_cpu.pml.documents import ENCODINGS, NO_TEXT, ORDERS, PREFIXES, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
@@ -171,6 +171,10 @@ def _report(result, as_json: bool, what: str) -> None:
                    "--no-cache computes them) is computed and stored: background answers from the files encoded "
                    "apart, then computes it before exiting (the default); first computes it before answering; off "
                    "never. A run that finds it stored answers as --no-cache does, computing only the question.")
+@click.option("--encoding", type=click.Choice(ENCODINGS), default=None,
+              help="What each file after the first is encoded after besides the system message: library (the "
+                   "files added before it, as a file in a list) or preamble (the system message alone); default: "
+                   "the one measured best on this model.")
 @ctx_option
 @threads_option
 @store_option
@@ -178,7 +182,7 @@ def _report(result, as_json: bool, what: str) -> None:
 @json_option
 @verbose_option
 def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, order,
-        setting, prefix, n_ctx, threads, store_dir, no_store, as_json, verbose):
+        setting, prefix, encoding, n_ctx, threads, store_dir, no_store, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -204,7 +208,7 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                                use_cache=not no_cache, recompute=recompute, order=order, setting=setting,
-                               prefix=prefix)
+                               prefix=prefix, encoding=encoding)
         if not no_cache and setting is None and recompute is None and prefix != "first" and \
                 (hint := advice(pc.model.path.name)):  # "first": the answer is the full prefill's
             click.echo(f"note: {hint}; --setting accurate chooses it, --no-cache is the full prefill", err=True)

@@ -36,6 +36,7 @@ class DocumentSetting:
     recompute: str
     order: str = "given"
     prefix: str = "background"  # when the exact prefix is computed (PromptCache.ask)
+    encoding: str = "library"  # what each document is encoded after besides the preamble (PromptCache.ask)
     vs_full_pts: float | None = None  # cached - full prefill, paired, points
     interval: tuple[float, float] | None = None  # its 95% interval
     speedup: float | None = None  # full prefill TTFT / this setting's, median per question

@@ -213,7 +213,7 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             documents = list(body.documents)
             feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,
                                                        setting=body.setting, order=body.order,
-                                                       prefix=body.prefix))
+                                                       prefix=body.prefix, encoding=body.encoding))
         elif body.schema_name is None:
             messages = body.conversation()
             feed = feeds.open(lambda: cache.stream_chat(messages, options, after_edit=body.after_edit))

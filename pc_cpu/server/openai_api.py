@@ -35,7 +35,7 @@ from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import AFTER_EDIT
-from pc_cpu.pml.documents import PREFIXES
+from pc_cpu.pml.documents import ENCODINGS, PREFIXES
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
 from pc_cpu.server.chat import Message
@@ -161,6 +161,7 @@ class ChatRequest(SamplingRequest):
     setting: Optional[str] = None  # with documents: "fast" or "accurate" (pc_cpu.document_settings)
     order: Optional[str] = None  # with documents: "given", "relevant-first" or "relevant-last"
     prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.documents)
+    encoding: Optional[str] = None  # with documents: "library" or "preamble" (PromptCache.ask); None: the model's
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     # a conversation: "recompute" or "reuse" the turns after an edited message (PromptCache.chat)
     after_edit: str = "recompute"
@@ -174,17 +175,21 @@ class ChatRequest(SamplingRequest):
                 raise ValueError("`after_edit` is for conversations; a schema's prompt reuses its modules: leave "
                                  "it out")
         if self.documents is None:
-            if self.setting is not None or self.order is not None or self.prefix is not None:
-                raise ValueError("`setting`, `order` and `prefix` are for questions over `documents`; send "
-                                 "`documents` too, or leave them out")
+            if self.setting is not None or self.order is not None or self.prefix is not None or \
+                    self.encoding is not None:
+                raise ValueError("`setting`, `order`, `prefix` and `encoding` are for questions over `documents`; "
+                                 "send `documents` too, or leave them out")
             return self  # a schema's prompt, or without one a plain conversation
         if self.schema_name is not None:
             raise ValueError("send `schema` or `documents`, not both: a question over documents uses no schema")
         if self.prefix is not None and self.prefix not in PREFIXES:
             raise ValueError(f"prefix={self.prefix!r}: use one of {', '.join(PREFIXES)}")
-        if not self.is_question() and (self.setting or self.order or self.prefix):
-            raise ValueError("`setting`, `order` and `prefix` are for one question over `documents` (system messages, "
-                             "then one user message); a conversation over documents reuses its turns: leave them out")
+        if self.encoding is not None and self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding={self.encoding!r}: use one of {', '.join(ENCODINGS)}")
+        if not self.is_question() and (self.setting or self.order or self.prefix or self.encoding):
+            raise ValueError("`setting`, `order`, `prefix` and `encoding` are for one question over `documents` "
+                             "(system messages, then one user message); a conversation over documents reuses its "
+                             "turns: leave them out")
         return self
 
     def is_question(self) -> bool:

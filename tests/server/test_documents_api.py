@@ -337,3 +337,16 @@ def test_prefix_with_documents_answers_as_the_baseline_and_a_bad_one_is_a_422(ht
     assert set(again["tiers"].values()) == {"context"}  # the exact prefix "first" left in its slot
     error = _error(http.post("/v1/chat/completions", json=_chat(list(library), prefix="always")), 422)
     assert "prefix='always': use one of background, first, off" in error["message"]
+
+
+def test_encoding_with_documents_answers_as_ask_does_and_a_bad_one_is_a_422(http, library, doc_cache):
+    for encoding in ("library", "preamble"):
+        expected = doc_cache.ask("What floats?", documents=list(library), system=SYSTEM, max_tokens=6, prefix="off",
+                                 encoding=encoding)
+        body = http.post("/v1/chat/completions", json=_chat(list(library), encoding=encoding)).json()
+        assert body["choices"][0]["message"]["content"] == expected.text
+    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), encoding="chain")), 422)
+    assert "encoding='chain': use one of library, preamble" in error["message"]
+    error = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                           "encoding": "library"}), 422)
+    assert "are for questions over `documents`" in error["message"]
