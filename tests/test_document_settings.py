@@ -7,7 +7,7 @@ import pytest
 from pc_cpu import document_settings as ds
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.models import MODELS
-from pc_cpu.pml.documents import ORDERS, check_document_policy
+from pc_cpu.pml.documents import ENCODINGS, ORDERS, check_document_policy
 from pc_cpu.pml.recompute import parse_policy
 
 
@@ -17,7 +17,8 @@ def test_every_measured_setting_is_a_packaged_model_s_and_a_policy_documents_tak
         for setting in (measured.fast, measured.accurate):
             check_document_policy(parse_policy(setting.recompute))
             # The exact prefix is the full prefill by construction: its n is how many answers confirmed it.
-            assert setting.order in ORDERS and (setting.n >= 300 or setting.prefix == "first")
+            assert setting.order in ORDERS and setting.encoding in ENCODINGS
+            assert setting.n >= 300 or setting.prefix == "first"
             low, high = setting.interval
             assert low <= setting.vs_full_pts <= high and (setting.speedup or 0) >= 0
         assert measured.fast.recompute == "0" and measured.fast.order == "given"  # the default ask path
