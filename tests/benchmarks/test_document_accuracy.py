@@ -85,6 +85,30 @@ def test_the_summary_pairs_each_variant_with_its_order_s_full_prefill():
     assert (last.diff, last.gained, last.lost, last.speedup) == (100.0, 1, 0, 10.0)
 
 
+def test_each_encoding_is_a_variant_and_records_from_before_encodings_read_as_the_preamble_one():
+    def rec(index, policy, correct, **extra):
+        return {"model": "m", "task": "nq", "index": index, "order": "given", "policy": policy, "correct": correct,
+                "ttft_ms": 100 if policy != da.FULL else 1000, **extra}
+
+    records = [rec(1, da.FULL, True, encoding=da.ANY), rec(1, "0", True, encoding="library"),
+               rec(1, "0", False, encoding="preamble"), rec(3, da.FULL, True), rec(3, "0", False)]
+    rows = {row.policy: row for row in da.summarize(records)}
+    assert set(rows) == {"0", "0, preamble"}
+    assert (rows["0"].n, rows["0"].diff) == (1, 0.0)
+    assert (rows["0, preamble"].n, rows["0, preamble"].diff) == (2, -100.0)  # item 3 has no encoding field
+    assert da.variant(rec(1, da.EXACT_RAM, True)) == da.EXACT_RAM
+
+
+def test_a_library_of_each_item_alone_is_added_and_removed_around_it(nq_data, tiny_model_path, tmp_path):
+    job = da.AccuracyJob(models=(str(tiny_model_path),), policies=("0",), encodings=("library", "preamble"), n=2,
+                         max_tokens=4, library="item")
+    records = da.run(job, tmp_path / "answers.jsonl")
+    assert sorted(da.variant(r) for r in records) == sorted([da.FULL, "0", "0, preamble"] * 2)
+    assert {r["library"] for r in records} == {"item"}
+    with pytest.raises(ValueError, match="library 'all'"):
+        da.run(da.AccuracyJob(models=(str(tiny_model_path),), library="all"), tmp_path / "other.jsonl")
+
+
 def test_kv_items_put_one_pair_in_each_document(tmp_path, monkeypatch):
     with gzip.open(tmp_path / "kv-retrieval-75_keys.jsonl.gz", "wt", encoding="utf-8") as f:
         for i in range(4):
