@@ -84,10 +84,13 @@ TABLE: dict[str, ModelDocuments] = {
     #     --policy 0 --policy relevant:1   (full prefill 8.7%: a base model; relevant:1 +4.7 [+0.7, +8.7], 4.0x;
     #     measured 2026-12-03)
     "gemma3-270m": ModelDocuments(fast=_GEMMA_FAST, accurate=EXACT),
-    # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 2 --n 300 --split odd
-    #     --policy 0 --policy relevant:1   (full prefill 55.3%; measured 2026-12-03)
+    # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --task nq --split odd --n 100 --threads 1
+    #     --policy 0 --policy relevant:1 --encoding library --encoding preamble   (full prefill 57.0%; relevant:1
+    #     -4.0 [-11.0, +2.0] at 4.2x; the preamble encoding -17.0 [-28.0, -7.0], as at n = 300 before (-17.3);
+    #     KV retrieval, n = 100: -8.0 [-15.0, -2.0] at 6.5x, relevant:1 +2.0 [-3.0, +7.0] at 3.0x; measured
+    #     2026-12-04 at commit 4724a78, the library of every item's documents in a random order)
     "qwen2.5-coder-0.5b": ModelDocuments(
-        fast=DocumentSetting("0", vs_full_pts=-17.3, interval=(-23.7, -11.3), speedup=16.9, n=300),
+        fast=DocumentSetting("0", vs_full_pts=+2.0, interval=(-6.0, 10.0), speedup=20.7, n=100),
         # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 1 --n 100 --split odd --task nq
         #     --policy 0 --policy exact-ram   (every answer the full prefill's, text for text; measured 2026-12-04)
         accurate=replace(EXACT, speedup=20.0, n=100)),

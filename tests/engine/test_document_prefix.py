@@ -121,7 +121,8 @@ def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_pre
     prompts.n_batch = 16  # the prefix in several chunks (every path chunks alike)
     docs = cache.documents.resolve(cache.ids)
     work = cache.documents.work(OTHER, docs, names=cache.ids, system=None, order="given",
-                                policy=parse_policy(None), use_cache=True, prefix="background")
+                                policy=parse_policy(None), use_cache=True, prefix="background",
+                                before=cache.documents.before(docs))  # as ask encodes them by default
     arrived, stopped = [], []
     decode, stop = prompts.decode, scheduler._stop_idle_run
 
