@@ -104,7 +104,8 @@ class Documents:
 
         Read under the façade's lock, as every library read.
         """
-        return {doc.id: [d.text for d in self.library.stand_ins(doc.id)] for doc in docs}
+        found = self.library.stand_ins(doc.id for doc in docs)
+        return {doc_id: [d.text for d in before] for doc_id, before in found.items()}
 
     def stand_ins(self, texts: list[str], preamble: tuple[int, ...], tokens: tuple[int, ...]) -> tuple[int, ...]:
         """Returns the stand-in tokens of a document of `tokens` after `preamble`, from the texts added before it."""
@@ -189,7 +190,7 @@ class Documents:
         label = new.name or new.id
         # Both encodings a prompt can take: after the preamble alone (the first document of a prompt),
         # and after its stand-ins (every other place, encoding="library"); a question then computes neither.
-        before = [d.text for d in self.library.stand_ins(new.id)]
+        before = [d.text for d in self.library.stand_ins([new.id])[new.id]]
         after = self.stand_ins(before, new.preamble, new.tokens)
         contexts = (new.preamble, new.preamble + after) if after else (new.preamble,)
         tracker = ProgressTracker(label, {new.id: len(new.tokens) * len(contexts)}, progress, kind="document")

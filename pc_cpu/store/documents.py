@@ -242,14 +242,14 @@ class DocumentLibrary:
     def get(self, doc_id: str) -> Document | None:
         return self._docs.get(doc_id)
 
-    def stand_ins(self, doc_id: str) -> list[Document]:
-        """Returns the documents `doc_id` is encoded after (pc_cpu.pml.documents.stand_in_places), oldest first.
+    def stand_ins(self, doc_ids: Iterable[str]) -> dict[str, list[Document]]:
+        """Returns, per id, the documents it is encoded after (pc_cpu.pml.documents.stand_in_places), oldest first.
 
         A document not in the library takes the place the next one added would.
         """
-        docs = self.all()
-        index = next((i for i, d in enumerate(docs) if d.id == doc_id), len(docs))
-        return [docs[i] for i in stand_in_places(index)]
+        docs = self.all()  # sorted once for all of them: a question's TTFT pays for it
+        places = {d.id: i for i, d in enumerate(docs)}
+        return {doc_id: [docs[i] for i in stand_in_places(places.get(doc_id, len(docs)))] for doc_id in doc_ids}
 
     def resolve(self, id_or_name: str) -> Document:
         """Returns the document with this id, or the one this name is an alias of.

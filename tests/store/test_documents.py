@@ -234,3 +234,18 @@ def test_a_store_label_names_a_document_only_when_it_is_one():
     assert labelled_document(document_label("doc-" + "5" * 16)) == "doc-" + "5" * 16
     assert labelled_document("trip/paris") is None
     assert labelled_document(document_label("#preamble")) is None
+
+
+def test_a_document_s_stand_ins_are_the_ones_added_before_it_and_do_not_change_as_the_library_grows(tmp_path):
+    library = DocumentLibrary(tmp_path)
+    ids = []
+    for i in range(10):
+        ids.append(f"doc-{i:016x}")
+        library.add(ids[-1], f"text {i}", None)
+        time.sleep(0.002)  # `added` orders them
+    found = library.stand_ins(ids + ["doc-new"])
+    assert [d.id for d in found[ids[3]]] == ids[:3]  # the first four: the ones before each
+    assert [d.id for d in found[ids[6]]] == ids[:4]  # later groups: the group before
+    assert [d.id for d in found["doc-new"]] == ids[4:8]  # not in the library: the place the next add takes
+    library.add("doc-" + "f" * 16, "later", None)
+    assert [d.id for d in library.stand_ins([ids[6]])[ids[6]]] == ids[:4]  # adding later changes nothing
