@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pc_cpu.document_settings import settings_for
 from pc_cpu.engine.documents import DocumentEncoder
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.recompute import parse_policy
@@ -33,6 +34,12 @@ def baseline(cache, question, docs=None):
 def prefix_key(cache, question, docs=None):
     prompt = cache.documents.prompt(question, [cache.library.get(d).text for d in docs or cache.ids])
     return cache.documents.encoder.prefix_key(prompt), prompt
+
+
+def default_before(cache, docs):
+    """Returns the stand-ins `ask` encodes `docs` after on this model by default (None: the preamble alone)."""
+    encoding = settings_for(cache.model.path.name).fast.encoding
+    return cache.documents.before(docs) if encoding == "library" else None
 
 
 def prefixes(cache) -> list:
@@ -122,7 +129,7 @@ def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_pre
     docs = cache.documents.resolve(cache.ids)
     work = cache.documents.work(OTHER, docs, names=cache.ids, system=None, order="given",
                                 policy=parse_policy(None), use_cache=True, prefix="background",
-                                before=cache.documents.before(docs))  # as ask encodes them by default
+                                before=default_before(cache, docs))
     arrived, stopped = [], []
     decode, stop = prompts.decode, scheduler._stop_idle_run
 

@@ -234,7 +234,7 @@ def test_setting_and_order_with_documents_answer_as_ask_does_and_without_documen
     assert "setting='best' is not a setting" in error["message"]
     error = _error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                            "schema": "s", "setting": "accurate"}), 422)
-    assert "`setting`, `order` and `prefix` are for questions over `documents`" in error["message"]
+    assert "`setting`, `order`, `prefix` and `encoding` are for questions over `documents`" in error["message"]
 
 
 def test_chat_without_schema_or_documents_is_a_plain_conversation(http):
