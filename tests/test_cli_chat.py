@@ -47,7 +47,10 @@ def test_ctrl_c_stops_the_answer_and_ctrl_d_leaves(tiny_model_path, tmp_path):
     env = {**os.environ, "PC_CPU_STORE_DIR": str(tmp_path)}
     chat = subprocess.Popen([sys.executable, "-m", "pc_cpu.cli", "chat", "--model", str(tiny_model_path),
                              "--max-tokens", "100000", "--n-ctx", "4096"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            # A shell without job control starts `pytest &` with SIGINT ignored, and a child
+                            # inherits that: Ctrl-C would then never reach it. A terminal's user has it.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         chat.stdin.write(b"talk for a long time\n")
         chat.stdin.flush()
