@@ -98,7 +98,10 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
                                                 full=len(ids) == job.docs)
                 print(json.dumps({"library": len(ids), **{k: v for k, v in by_size[len(ids)].items()
                                                           if not isinstance(v, list)}}), file=sys.stderr, flush=True)
-        # A prefill of one document's tokens after the preamble, to compare adding one with.
+        # A prefill of one document's tokens after the preamble, to compare adding one with. Decoded
+        # straight into the prompt context: the exact prefixes the questions left to compute in the
+        # background must be done first, or both would use the context at once (a crash in llama.cpp).
+        pc.wait_idle()
         prefill_ms = []
         for q in chosen[-20:]:
             tokens = list(preamble) + list(document_tokens(passage_text(questions[q].gold), pc.model))
@@ -198,6 +201,7 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
 def uncached_only_ms(pc, question, docs) -> float:
     """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
     prompt = _prompt(pc, question, docs)
+    pc.wait_idle()  # the exact prefixes the questions left to compute first: the context is used by hand below
     pc.scheduler.drop_held()  # stream 0 is used by hand below
     work = DocumentWork(prompt, pc.documents.encoder, True)
     work.prepare()
