@@ -29,7 +29,7 @@ import numpy as np
 
 from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.engine.relocate import apply_pending_shifts
 from pc_cpu.engine.probe import Probe, layer_values
 from pc_cpu.engine.recompute_pass import decode_runs
 from pc_cpu.errors import EngineError, PromptCacheError, StateBlobError

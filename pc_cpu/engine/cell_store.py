@@ -1,12 +1,14 @@
-"""Keeps the cells of one stream in the byte tiers: a blob under its key, checked when it is read back.
+"""Keeps computed cells in the byte tiers: blobs under a key, checked when they are read back.
 
-Documents (their preambles, encodings and exact prefixes) and conversations store their cells
-here: one way to save them, one way to find them, one way to drop an entry that is damaged.
+Schema modules, documents (their preambles, encodings and exact prefixes) and conversations
+store their cells here: one way to save them, one way to find them, one way to drop an entry
+that is damaged, and the tier that served each.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 from pc_cpu.engine.context import Context
 from pc_cpu.errors import StateBlobError
@@ -20,40 +22,84 @@ log = logging.getLogger(__name__)
 
 
 class CellStore:
-    """Saves a stream's cells under a StoreKey and gives them back checked."""
+    """Saves cells under a StoreKey and gives them back checked, with the tier that served them."""
 
     def __init__(self, prompts: Context, store: TieredStore):
         self.prompts = prompts  # the context whose streams are saved and restored
         self.store = store
 
-    def get(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, Tier] | None:
-        """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses).
+    def get_blobs(self, key: StoreKey, positions: tuple[int, int], n_cells: int | None = None, *,
+                  whole_windows: bool = False) -> tuple[list[bytes], Tier] | None:
+        """Returns the stored blobs of `key` and their tier, or None (a damaged entry is dropped: it misses).
 
-        The cells must be exactly those of `positions` ([start, end)).
+        Together the blobs must hold `n_cells` cells (default: every position) from exactly
+        `positions` ([start, end)); with `whole_windows`, a sliding-window model's blobs must
+        hold their window layers' cells too (as schema modules are saved).
         """
         hit = self.store.get(key)
         if hit is None:
             return None
         try:
-            (blob,) = parts.unpack(hit.entry.payload)
-            info = ops.scan(blob)
-            if (info.n_cell, info.pos_min, info.pos_max + 1) != (positions[1] - positions[0], *positions):
-                raise StateBlobError(f"it holds {info.n_cell} cells at [{info.pos_min}, {info.pos_max + 1})",
-                                     code="corrupt")
+            blobs = [bytes(blob) for blob in parts.unpack(hit.entry.payload)]
+            check_cells(blobs, positions, positions[1] - positions[0] if n_cells is None else n_cells,
+                        whole_windows=whole_windows)
         except (StateBlobError, ValueError) as exc:
             self.store.remove(key)
             log.warning("stored %s is unusable (%s); computing it again", key.describe(), exc)
             return None
-        return bytes(blob), Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
+        return blobs, Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
+
+    def get(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, Tier] | None:
+        """Returns the stored one-stream blob of `key`, holding every position of `positions`, and its tier; or None."""
+        found = self.get_blobs(key, positions)
+        if found is None:
+            return None
+        blobs, tier = found
+        if len(blobs) != 1:
+            self.drop(key, f"it holds {len(blobs)} blobs where one was saved")
+            return None
+        return blobs[0], tier
+
+    def put_blobs(self, key: StoreKey, blobs: Sequence, n_tokens: int, positions: tuple[int, int]) -> None:
+        """Writes blobs holding `n_tokens` cells in `positions` through to every byte tier under `key`.
+
+        An entry larger than a tier's budget is skipped there (logged). Any other StoreError (the
+        disk is full or refuses the write) is raised: the environment needs fixing, and a store
+        that silently keeps nothing would compute everything again in the next process.
+        """
+        self.store.put(key, Entry(parts.pack(list(blobs)), n_tokens, positions))
 
     def put(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
         """Returns the cells of stream `seq` as a one-stream blob, after writing them to the byte tiers under `key`."""
         # Sequence id 0 whichever stream computed it: same tokens, same bytes.
         blob = bytes(ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), 0))
-        self.store.put(key, Entry(parts.pack([blob]), n_tokens, positions))
+        self.put_blobs(key, [blob], n_tokens, positions)
         return blob
+
+    def drop(self, key: StoreKey, why: str) -> None:
+        """Removes a stored entry that cannot serve, saying why it goes."""
+        self.store.remove(key)
+        log.warning("stored %s is unusable (%s); computing it again", key.describe(), why)
 
     def restore(self, blob: bytes, seq: int) -> None:
         """Puts a one-stream blob's cells into the empty stream `seq`."""
         self.prompts.seq_rm(seq)
         self.prompts.state_set(seq, ops.restore_blob([blob], self.prompts.n_stream))
+
+
+def check_cells(blobs: Sequence, positions: tuple[int, int], n_cells: int, *, whole_windows: bool = False) -> None:
+    """Raises StateBlobError (code "corrupt") unless `blobs` hold `n_cells` cells spanning exactly `positions`.
+
+    Malformed bytes are refused here (ops.scan), before llama.cpp sees them. `whole_windows`: as
+    for CellStore.get_blobs.
+    """
+    if not blobs:
+        raise StateBlobError("it holds no blob", code="corrupt")
+    infos = [ops.scan(blob) for blob in blobs]
+    for blob, info in zip(blobs, infos):
+        if whole_windows and info.n_section > 1 and len(set(ops.section_cells(blob))) > 1:
+            raise StateBlobError("it lacks sliding-window cells (saved whole by an older pc_cpu)", code="corrupt")
+    found = (sum(i.n_cell for i in infos), min(i.pos_min for i in infos), max(i.pos_max for i in infos) + 1)
+    if found != (n_cells, *positions):
+        raise StateBlobError(f"it holds {found[0]} cells at [{found[1]}, {found[2]}), where {n_cells} at "
+                             f"[{positions[0]}, {positions[1]}) are needed", code="corrupt")

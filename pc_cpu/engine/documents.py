@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import OnComputed, apply_pending_shifts
+from pc_cpu.engine.encoder import OnComputed
+from pc_cpu.engine.relocate import move
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
@@ -289,19 +290,4 @@ class DocumentEncoder:
 
     def move(self, piece: SavedCells, empty: int) -> bytes | bytearray:
         """Returns the piece's cells moved into place: by the relocator, else by llama.cpp (`empty`: a free stream)."""
-        if piece.delta == 0:
-            return piece.blob
-        if self.ropes is not None:
-            return ops.relocate(piece.blob, piece.delta, self.ropes)
-        seq = self.workspace
-        try:
-            self.prompts.state_set(seq, ops.restream(piece.blob, self.prompts.n_stream))
-            info = ops.scan(piece.blob)
-            self.prompts.seq_add(seq, info.pos_min, info.pos_max + 1, piece.delta)
-            # The K-shift runs at the next decode, and a saved state does not carry a pending
-            # shift: its K would be read out unrotated at the new positions.
-            apply_pending_shifts(self.prompts, empty)
-            # The blob's own sequence id, as the relocator keeps it: the two ways give the same bytes.
-            return ops.with_sequence(ops.restream(self.prompts.state_get(seq), 1), info.seq_id)
-        finally:
-            self.prompts.seq_rm(seq)
+        return move(self.prompts, piece.blob, piece.delta, self.ropes, seq=self.workspace, empty=empty)

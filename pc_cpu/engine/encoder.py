@@ -15,6 +15,7 @@ from typing import Callable
 from dataclasses import dataclass
 
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.relocate import apply_pending_shifts, move
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, EncodeJob, ScaffoldJob, encode_jobs, home_jobs, home_scaffold_job,
@@ -227,9 +228,20 @@ class Encoder:
         blobs = []
         for parts, start, end in computed:
             for blob in parts:
-                self.place(ops.relocate(blob, shift, self.rope), start + shift, end + shift, library)
+                self.place(self._moved(blob, shift), start + shift, end + shift, library)
             blobs += parts
         return blobs
+
+    def _moved(self, blob, delta: int):
+        """Returns `blob`'s cells, computed at their home, moved by `delta` (relocate.move, by the relocator).
+
+        Only models whose RoPE the relocator knows compute at home (ModuleCache.at_home), so
+        llama.cpp's way, which would need the scratch and the hold free, never runs here.
+        """
+        if self.rope is None and delta:
+            raise EngineError("cells computed at their home need the relocator to move them, and it does not "
+                              "know this model's RoPE; encode in place (ModuleCache.at_home is False)")
+        return move(self.ctx, blob, delta, self.rope, seq=self.roles.scratch, empty=self.roles.hold)
 
     def place(self, blob, start: int, end: int, library: int) -> None:
         """Restores a blob's cells, which sit at positions [start, end), into `library` and the pin."""
@@ -276,7 +288,7 @@ class Encoder:
             self._compute_held(job.context, job.tokens, job.runs[0].start, on_computed)
             blobs = []
             for run, computed in zip(job.runs, job.computed_starts()):
-                blobs += [ops.relocate(blob, run.start - computed, self.rope)
+                blobs += [self._moved(blob, run.start - computed)
                           for blob in self._held_blobs(computed, computed + len(run.tokens))]
             return blobs
         finally:
@@ -336,16 +348,3 @@ class Encoder:
         self.ctx.seq_rm(pin, start, end)
         for seq, a, b in resident.held_within(start, end):
             self.ctx.seq_cp(seq, pin, a, b)
-
-
-def apply_pending_shifts(ctx: Context, scratch: int) -> None:
-    """Makes llama.cpp re-rotate K of every moved cell now, by decoding one throwaway token.
-
-    llama.cpp applies seq_add's K-shift at the start of the next llama_decode and
-    has no other public call for it; the token goes into the empty sequence `scratch`
-    and is dropped at once.
-    """
-    try:
-        ctx.decode([ctx.model.bos_id if ctx.model.bos_id is not None else 0], [0], scratch, logits_last=False)
-    finally:
-        ctx.seq_rm(scratch)

@@ -17,7 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.context import Context
+from pc_cpu.engine.relocate import move
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.encoder import Encoder, Workspace
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
@@ -25,12 +27,11 @@ from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, e
                                  encoding_runs, home_jobs, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.result import Tier
-from pc_cpu.kvstate import ops, parts
-from pc_cpu.store.entry import Entry
+from pc_cpu.kvstate import ops
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.store.resident import ResidentTier
 from pc_cpu.kvstate.rope import RopeParams
-from pc_cpu.store.tiers import Hit, TieredStore
+from pc_cpu.store.tiers import TieredStore
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class ModuleCache:
         self.roles = roles  # the scratch reads and restores states; the pin holds every resident cell too
         self.resident = resident
         self.store = store
+        self.cells = None if store is None else CellStore(ctx, store)
         self.mode = mode
         self.rope = rope  # one per KV cache, to move cells for prompts that place modules elsewhere; None: seq_add
         self.encoder = Encoder(ctx, roles, mode=mode, workspace=workspace, rope=rope)
@@ -138,13 +140,12 @@ class ModuleCache:
             return False
         store_key = self.key_of(layout, key)
         jobs = home_jobs(layout, key, self.mode)
-        if any(job.after is not None for job in jobs) or self._lookup(layout, key, store_key) is not None:
+        runs, shift = encoding_runs(layout, key, self.mode), self.shift_of(layout, key)
+        if any(job.after is not None for job in jobs) or self._lookup(layout, key, store_key, runs, shift) is not None:
             return False
         blobs = [workspace.compute(job, self.ctx.n_stream, on_computed) for job in jobs]
         self.encoded += 1
-        shift = self.shift_of(layout, key)
-        self._save_blobs(store_key, blobs, tuple(Run(r.start - shift, r.tokens) for r in encoding_runs(
-            layout, key, self.mode)))
+        self._save_blobs(store_key, blobs, runs, shift)
         return True
 
     def _ensure_one(self, layout: Layout, key: str, keep: set,
@@ -156,9 +157,9 @@ class ModuleCache:
             return Tier.CONTEXT
         runs = encoding_runs(layout, key, self.mode)
         shift = self.shift_of(layout, key)
-        hit = self._lookup(layout, key, store_key)
-        if hit is not None and self._restore_or_forget(resident_key, store_key, hit, runs, shift, keep):
-            return Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
+        stored = self._lookup(layout, key, store_key, runs, shift)
+        if stored is not None and self._restore_or_forget(resident_key, store_key, stored[0], runs, shift, keep):
+            return stored[1]
         keep = keep | self._make_neighbours_resident(layout, key, keep)
         self._make_room(encode_cells(layout, key, self.mode), keep)
         library = self._place(resident_key, runs, keep)
@@ -172,28 +173,25 @@ class ModuleCache:
         except Exception:
             self._drop(resident_key)
             raise
-        if shift:
-            self._save_blobs(store_key, blobs, tuple(Run(r.start - shift, r.tokens) for r in runs))
-        else:
-            self._save(store_key, library, runs)
+        if not shift:
+            blobs = self._states_of(library, runs)
+        self._save_blobs(store_key, blobs, runs, shift)
         return Tier.ENCODED
 
-    def _restore_or_forget(self, resident_key, store_key: StoreKey, hit: Hit, runs: tuple[Run, ...], shift: int,
-                           keep: set) -> bool:
-        """Makes a stored state resident; returns False, and removes it from the store, when it cannot be restored."""
+    def _restore_or_forget(self, resident_key, store_key: StoreKey, blobs: list[bytes], runs: tuple[Run, ...],
+                           shift: int, keep: set) -> bool:
+        """Makes stored cells resident; returns False, and removes them from the store, when they cannot be restored."""
         self._make_room(sum(len(run.tokens) for run in runs), keep)
         library = self._place(resident_key, runs, keep)
         try:
-            refusal = self._restore(hit.entry, runs, library, shift)
+            refusal = self._restore(blobs, runs, library, shift)
         except Exception:
             self._drop(resident_key)
             raise
         if refusal is None:
             return True
-        log.warning("stored state of %s cannot be restored into this context: %s; re-encoding it",
-                    store_key.describe(), refusal)
         self._drop(resident_key)
-        self.store.remove(store_key)
+        self.cells.drop(store_key, f"they cannot be restored into this context: {refusal}")
         return False
 
     def _make_neighbours_resident(self, layout: Layout, key: str, keep: set) -> set:
@@ -247,21 +245,25 @@ class ModuleCache:
         if intervals:  # the whole span: a failed scaffold may have pinned cells between its runs
             self.encoder.pin_cells(self.resident, intervals[0][0], intervals[-1][1])
 
-    def _lookup(self, layout: Layout, key: str, store_key: StoreKey) -> Hit | None:
-        """Returns the stored entry of `key`; a union member brings its siblings into RAM with it.
+    def _lookup(self, layout: Layout, key: str, store_key: StoreKey, runs: tuple[Run, ...], shift: int
+                ) -> tuple[list[bytes], Tier] | None:
+        """Returns the stored blobs of encoding `key` (at its home, `shift` before `runs`) and their tier, or None.
 
-        Prompts pick one member of a union per call, so the next prompt likely wants a
-        sibling (paper §3.2.3): reading them together turns later disk reads into RAM hits.
+        A damaged entry misses (CellStore drops it). A union member brings its siblings into RAM
+        with it: prompts pick one member of a union per call, so the next prompt likely wants a
+        sibling (paper §3.2.3), and reading them together turns later disk reads into RAM hits.
         """
-        if self.store is None:
+        if self.cells is None or not runs:
             return None
         module = layout.modules.get(key)
-        if module is None or module.union is None:
-            return self.store.get(store_key)
-        members = layout.unions[module.union].members
-        served = self.store.prefetch([self.key_of(layout, m) for m in members])
-        hit = self.store.get(store_key)
-        return Hit(hit.entry, served[store_key]) if hit is not None and served.get(store_key) else hit
+        served = {}
+        if module is not None and module.union is not None:
+            served = self.store.prefetch([self.key_of(layout, m) for m in layout.unions[module.union].members])
+        found = self.cells.get_blobs(store_key, (runs[0].start - shift, runs[-1].end - shift),
+                                     sum(len(run.tokens) for run in runs), whole_windows=True)
+        if found is not None and served.get(store_key):
+            return found[0], Tier(served[store_key])  # where the prefetch found it, not the RAM it brought it to
+        return found
 
     def _place(self, key: StoreKey, runs: tuple[Run, ...], keep: set) -> int:
         """Returns the library sequence for `key`'s runs, evicting least recently used encodings to free one.
@@ -292,23 +294,18 @@ class ModuleCache:
 
     # --- bytes in and out -----------------------------------------------------
 
-    def _save(self, store_key: StoreKey, library: int, runs: tuple[Run, ...]) -> None:
-        """Writes the encoding's state bytes through to every byte tier.
+    def _states_of(self, library: int, runs: tuple[Run, ...]) -> list[bytes]:
+        """Returns the state blobs of the encoding's cells in `library`, one per whole-state span."""
+        if self.cells is None or not runs:
+            return []
+        return [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]
 
-        An entry larger than a tier's budget is skipped there (logged). Any other StoreError
-        (the disk is full or refuses the write) is raised: the environment needs fixing, and
-        a store that silently keeps nothing would re-encode everything in the next process.
-        """
-        if self.store is None or not runs:
+    def _save_blobs(self, store_key: StoreKey, blobs: list, runs: tuple[Run, ...], shift: int) -> None:
+        """Writes an encoding's blobs, holding the cells of `runs` at their home (`shift` before), to every byte tier."""
+        if self.cells is None or not runs:
             return
-        self._save_blobs(store_key, [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)], runs)
-
-    def _save_blobs(self, store_key: StoreKey, blobs: list, runs: tuple[Run, ...]) -> None:
-        """Writes an encoding's blobs, holding the cells of `runs`, through to every byte tier (see _save)."""
-        if self.store is None or not runs:
-            return
-        entry = Entry(parts.pack(blobs), sum(len(r.tokens) for r in runs), (runs[0].start, runs[-1].end))
-        self.store.put(store_key, entry)
+        self.cells.put_blobs(store_key, blobs, sum(len(r.tokens) for r in runs),
+                             (runs[0].start - shift, runs[-1].end - shift))
 
     def _save_spans(self, runs: tuple[Run, ...]) -> list[tuple[int, int]]:
         """Returns the position spans to save one blob each, so that every blob holds its cells whole."""
@@ -325,26 +322,15 @@ class ModuleCache:
         finally:
             self.ctx.seq_rm(self.roles.scratch)
 
-    def _restore(self, entry: Entry, runs: tuple[Run, ...], library: int, shift: int = 0) -> str | None:
-        """Loads `entry`'s cells into `library` (and the pin); returns why not when they are not the cells `runs` need.
+    def _restore(self, blobs: list[bytes], runs: tuple[Run, ...], library: int, shift: int = 0) -> str | None:
+        """Loads checked blobs (CellStore.get_blobs) into `library` (and the pin); returns why not when they cannot be.
 
-        The entry holds the cells at their home, `shift` positions before `runs`; they are moved into place.
+        The blobs hold the cells at their home, `shift` positions before `runs`; they are moved into place.
         """
-        expected = sum(len(r.tokens) for r in runs)
+        infos = [ops.scan(blob) for blob in blobs]
         try:
-            blobs = parts.unpack(entry.payload)
-            infos = [ops.scan(blob) for blob in blobs]  # refuses malformed bytes before llama.cpp sees them
-            if any(info.n_section > 1 and len(set(ops.section_cells(blob))) > 1
-                   for blob, info in zip(blobs, infos)):
-                return "it lacks sliding-window cells (saved whole by an older pc_cpu)"
-        except StateBlobError as exc:
-            return f"it is malformed ({exc})"
-        found = (sum(i.n_cell for i in infos), min(i.pos_min for i in infos), max(i.pos_max for i in infos) + 1)
-        if found != (expected, runs[0].start - shift, runs[-1].end - shift):
-            return (f"it holds {found[0]} cells at [{found[1]}, {found[2]}), the encoding needs {expected} at "
-                    f"[{runs[0].start - shift}, {runs[-1].end - shift})")
-        try:
-            blobs = [ops.relocate(blob, shift, self.rope) for blob in blobs]
+            blobs = [move(self.ctx, blob, shift, self.rope, seq=self.roles.scratch, empty=self.roles.hold)
+                     for blob in blobs]
         except StateBlobError as exc:
             return f"its cells cannot be moved into place ({exc})"
         try:

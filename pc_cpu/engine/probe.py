@@ -25,7 +25,7 @@ import numpy as np
 
 from pc_cpu.engine.assembler import assemble
 from pc_cpu.engine.context import Context, ContextConfig
-from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.engine.relocate import apply_pending_shifts
 from pc_cpu.engine.model import Model
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan

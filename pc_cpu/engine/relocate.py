@@ -7,6 +7,9 @@ Two ways, measured against each other by `pc-cpu bench documents relocation` (be
 - llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:
   the fallback for RoPEs the relocator does not know, and for sliding-window
   architectures whose second RoPE base was not checked (pc_cpu.engine.model.cache_ropes).
+
+`move` chooses between them; every path that moves saved cells calls it. Cells still being
+computed in a sequence (a scaffold's runs, a parameter after a gap) move there with seq_add.
 """
 
 from __future__ import annotations
@@ -16,27 +19,60 @@ from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeParams
 
+Rope = RopeParams | tuple[RopeParams, ...] | None  # one per KV cache of a saved state; None: llama.cpp moves cells
+
+
+def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int):
+    """Returns a one-stream blob of `blob`'s cells moved by `delta` positions, K re-rotated (`blob` when delta is 0).
+
+    The one way cells move in pc_cpu, whatever they are (a module, a document, a turn): the
+    relocator rewrites the bytes where it knows the model's RoPE (`rope`); else llama.cpp moves
+    them, in the free stream `seq` of `ctx`, and a throwaway token decoded in the free stream
+    `empty` makes it rotate K now (a saved state carries no pending shift: its K would be read
+    out unrotated at the new positions). Both ways give the same bytes, the blob's own sequence
+    id kept (tests/engine/test_documents.py holds them to it).
+    """
+    if delta == 0:
+        return blob
+    if rope is not None:
+        return ops.relocate(blob, delta, rope)
+    info = ops.scan(blob)
+    try:
+        ctx.state_set(seq, ops.restream(blob, ctx.n_stream))
+        ctx.seq_add(seq, info.pos_min, info.pos_max + 1, delta)
+        apply_pending_shifts(ctx, empty)
+        return ops.with_sequence(ops.restream(ctx.state_get(seq), 1), info.seq_id)
+    finally:
+        ctx.seq_rm(seq)
+
 
 def copy_moved(ctx: Context, roles: SequenceRoles, source: int, start: int, end: int, delta: int, dest: int,
-               rope: RopeParams | tuple[RopeParams, ...] | None) -> bool:
+               rope: Rope) -> None:
     """Puts a private copy of `source`'s cells at [start, end), moved by `delta`, into sequence `dest`.
 
-    `source`'s cells stay where they are (other prompts may share them); the copy is made in
-    the library's scratch sequence. Returns True when the copy's K rotation is still pending in
-    llama.cpp (the seq_add fallback, used when `rope` is None): apply_pending_shifts, or any
-    decode, applies it. `rope`: as for pc_cpu.kvstate.ops.relocate.
+    `source`'s cells stay where they are (other prompts may share them); the copy is read
+    through the library's scratch sequence and moved (`move`) with the hold as its free stream.
     """
     scratch = roles.scratch
     ctx.seq_rm(scratch)
     try:
         ctx.seq_cp(source, scratch, start, end)
         blob = ctx.state_get(scratch)
-        if rope is not None:
-            ctx.state_set(scratch, ops.relocate(blob, delta, rope))
-        else:
-            ctx.state_set(scratch, blob)  # new cells: moving them leaves `source`'s alone
-            ctx.seq_add(scratch, start, end, delta)
+        ctx.seq_rm(scratch)
+        ctx.state_set(scratch, move(ctx, blob, delta, rope, seq=scratch, empty=roles.hold))
         ctx.seq_cp(scratch, dest, start + delta, end + delta)
     finally:
         ctx.seq_rm(scratch)
-    return rope is None
+
+
+def apply_pending_shifts(ctx: Context, empty: int) -> None:
+    """Makes llama.cpp re-rotate K of every moved cell now, by decoding one throwaway token.
+
+    llama.cpp applies seq_add's K-shift at the start of the next llama_decode and
+    has no other public call for it; the token goes into the empty sequence `empty`
+    and is dropped at once.
+    """
+    try:
+        ctx.decode([ctx.model.bos_id if ctx.model.bos_id is not None else 0], [0], empty, logits_last=False)
+    finally:
+        ctx.seq_rm(empty)

@@ -16,10 +16,9 @@ from typing import Callable
 from pc_cpu.engine.assembler import assemble, decode_at
 from pc_cpu.engine.blend import Blender
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import apply_pending_shifts
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, same_head
-from pc_cpu.engine.relocate import copy_moved
+from pc_cpu.engine.relocate import apply_pending_shifts, copy_moved
 from pc_cpu.engine.streams import SplitPlan, full_prefill, move_to_stream, split_tail
 from pc_cpu.pml.layout import ROOT, Layout
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
@@ -69,20 +68,18 @@ class SchemaPrompt:
         """Assembles the shared part in the library's staging sequence `slot`, then moves it into stream `slot`."""
         modules, ctx, staged = self.modules, self.modules.ctx, self.split.staged
         library_of = lambda key: modules.sequence_of(self.layout, key)  # noqa: E731
-        pending: list[bool] = []  # per moved module: its K rotation still pending in llama.cpp
         try:
             if staged.selected_tokens:
                 self.blender().assemble(staged, slot, library_of)
             else:
                 def place_moved(op: CopyCells, seq: int) -> None:
-                    pending.append(copy_moved(ctx, modules.roles, library_of(op.encoding), op.encoded_at,
-                                              op.encoded_at + len(op.tokens), op.start - op.encoded_at, seq,
-                                              modules.rope))
+                    copy_moved(ctx, modules.roles, library_of(op.encoding), op.encoded_at,
+                               op.encoded_at + len(op.tokens), op.start - op.encoded_at, seq, modules.rope)
 
                 assemble(ctx, staged, slot, library_of, logits=False, place_moved=place_moved)
-            # Cells moved by seq_add (a parameter after a gap, the seq_add fallback) hold K unrotated
-            # until a decode applies it; a state read must hold the rotated K.
-            if any(isinstance(op, DecodeTokens) for op in staged.ops) or any(pending):
+            # Cells moved by seq_add (a parameter after a gap) hold K unrotated until a decode
+            # applies it; a state read must hold the rotated K.
+            if any(isinstance(op, DecodeTokens) for op in staged.ops):
                 apply_pending_shifts(ctx, modules.roles.scratch)
         except BaseException:
             ctx.seq_rm(slot)
