@@ -115,10 +115,11 @@ def bench(blobs: list[bytes], rope: RopeParams, repeats: int) -> list[tuple[str,
               best_seconds(lambda m=m: m.assemble_into(blobs, zeros, None, 1, buf), repeats)) for name, m in impls]
     rows.append(("copy into new bytearray", out_size, best_seconds(lambda: bytearray(src), repeats)))
     rows += [(f"splice into new bytearray, {name}", out_size,
-              best_seconds(lambda m=m: m.splice(blobs), repeats)) for name, m in impls]
+              best_seconds(lambda m=m: m.assemble_into(blobs, zeros, None, 1, bytearray()), repeats))
+             for name, m in impls]
     shuffled = bytes(state_blob.splice(blobs[::-1]))  # cells out of position order, as a staging sequence's
-    rows += [(f"order by position, {name}", out_size,
-              best_seconds(lambda m=m: m.order_by_position(shuffled), repeats)) for name, m in impls]
+    rows += [(f"order by position (copy, then in place), {name}", out_size,
+              best_seconds(lambda m=m: m.order_in_place(bytearray(shuffled)), repeats)) for name, m in impls]
     rows += [(f"restream to 8 streams, {name}", out_size,
               best_seconds(lambda m=m: m.restream(shuffled, 8), repeats)) for name, m in impls]
     big = max(blobs, key=len)

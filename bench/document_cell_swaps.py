@@ -48,6 +48,13 @@ STANDINS = {
 }
 
 
+
+def ordered(blob) -> bytearray:
+    """Returns a copy of `blob` with each KV cache's cells in position order."""
+    out = bytearray(blob)
+    ops.order_in_place(out)
+    return out
+
 class Item:
     """One question's two builds of the cells before its tail, and what the variants need of them."""
 
@@ -61,7 +68,7 @@ class Item:
         self.ctx.seq_rm(self.slot)
         try:
             self.ctx.decode(p.tokens[:p.tail_start], range(p.tail_start), self.slot, logits_last=False)
-            self.exact = bytearray(ops.order_by_position(self.ctx.state_get(self.slot)))
+            self.exact = ordered(self.ctx.state_get(self.slot))
         finally:
             self.ctx.seq_rm(self.slot)
         preamble = self.enc.preamble_blob(p.preamble)[0]
@@ -71,7 +78,7 @@ class Item:
         self.n_layer = section_layers(self.cached)[0]
 
     def _joined(self, blobs) -> bytearray:
-        return bytearray(ops.order_by_position(ops.restore_blob(blobs, 1)))
+        return ordered(ops.restore_blob(blobs, 1))
 
     def positions(self, which: str) -> set[int]:
         """Returns the positions of the gold document, or of every other one (preamble excluded)."""
@@ -115,7 +122,7 @@ class Item:
             ctx.state_set(ws, ops.restream(self.cached, ctx.n_stream))
             ctx.seq_rm(ws, gold.start, -1)
             ctx.decode(gold.tokens, range(gold.start, gold.end), ws, logits_last=False)
-            before = bytearray(ops.order_by_position(ctx.state_get(ws)))
+            before = ordered(ctx.state_get(ws))
             ctx.state_set(ws, ops.restream(self.cached, ctx.n_stream))
             ctx.seq_rm(ws, 0, gold.end)
             after = ctx.state_get(ws)

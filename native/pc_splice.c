@@ -4,7 +4,7 @@
  * result), then write. The write pass keeps one cursor per input blob: the output takes
  * layer 0's K rows of every blob, then layer 1's, ..., so each cursor only moves forward.
  *
- * pc_state_assemble() is the same splice moving each blob on the way: its positions are written
+ * pc_state_assemble() splices moving each blob on the way: its positions are written
  * shifted and its K rows re-rotated right after they are copied, while they are still in cache.
  * That saves the relocated copy of every blob and the pass over it (pc_state_relocate works in
  * place on a blob the caller must first copy, since stored blobs are shared). */
@@ -289,11 +289,6 @@ static int splice_moved(const uint8_t *const *blobs, const size_t *sizes, const 
     free(job.plans);
     free(job.in);
     return rc;
-}
-
-int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-                    uint8_t *out, size_t out_capacity, size_t *out_size) {
-    return splice_moved(blobs, sizes, NULL, n_blobs, NULL, 0, 0, out, out_capacity, out_size);
 }
 
 int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas, size_t n_blobs,

@@ -94,18 +94,6 @@ PC_API int32_t pc_native_version(void);
  * (TRUNCATED, BAD_MAGIC, CORRUPT, UNSUPPORTED). *out is written only on success. */
 PC_API int pc_state_scan(const uint8_t *blob, size_t size, pc_state_info *out);
 
-/* Merges n_blobs >= 1 blobs into one blob that a single llama_state_seq_set_data() restores:
- * per section, the cells of blob 0, then blob 1, ... in one stream (the first non-empty one);
- * K rows and V rows (or V elements, when transposed) concatenated in the same order. The header
- * and every cell carry blob 0's seq_id. All blobs must share n_section, n_stream, the ext
- * record, v_trans, n_layer and every layer's types and sizes (else PC_ERR_MISMATCH; empty
- * sections are exempt), and no two cells of a section may share a position (PC_ERR_OVERLAP).
- * Writes the result size to *out_size on success and on PC_ERR_CAPACITY; out may be NULL when
- * out_capacity is 0. Returns PC_ERR_ARGUMENT for NULL arrays or n_blobs == 0, or a blob's
- * scan error. The output is unspecified on failure. */
-PC_API int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-                           uint8_t *out, size_t out_capacity, size_t *out_size);
-
 /* Moves every cell of a blob of n_ropes KV caches by delta positions, in place: adds delta to each
  * position and re-rotates each K row by the RoPE angle of delta, as llama_memory_seq_add's K-shift
  * does (pair i turns by delta * freq_base^(-2i/n_rot) * freq_scale), each cache with its own rope
@@ -120,14 +108,21 @@ PC_API int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, siz
 PC_API int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
                              uint32_t n_ropes);
 
-/* One call from saved blobs to a prompt's restore blob: splices n_blobs blobs as
- * pc_state_splice() does, moving blob b's cells by deltas[b] on the way (positions shifted, K
- * re-rotated with ropes, one per KV cache, as pc_state_relocate()), and writes n_stream
- * streams per cache with every cell in stream 0 (a context with one stream per sequence restores
- * a sequence's cells into its own stream). The bytes equal relocating each blob, splicing, and
- * rewriting the stream count, without the relocated copies. ropes are read only for blobs with
- * deltas[b] != 0. Overlap is judged on the moved positions. Returns what those steps return;
- * PC_ERR_ARGUMENT for deltas NULL or n_stream outside 1..256. */
+/* One call from saved blobs to a prompt's restore blob, which a single llama_state_seq_set_data()
+ * restores. Splices n_blobs >= 1 blobs: per section, the cells of blob 0, then blob 1, ...; K
+ * rows and V rows (or V elements, when transposed) concatenated in the same order; the header
+ * and every cell carry blob 0's seq_id. All blobs must share n_section, n_stream, the ext
+ * record, v_trans, n_layer and every layer's types and sizes (else PC_ERR_MISMATCH; empty
+ * sections are exempt), and no two cells of a section may share a position (PC_ERR_OVERLAP).
+ * Blob b's cells are moved by deltas[b] on the way (positions shifted, K re-rotated with ropes,
+ * one per KV cache, as pc_state_relocate()), and n_stream streams per cache are written with
+ * every cell in stream 0 (a context with one stream per sequence restores a sequence's cells
+ * into its own stream). The bytes equal relocating each blob, splicing, and rewriting the
+ * stream count, without the relocated copies. ropes are read only for blobs with
+ * deltas[b] != 0. Overlap is judged on the moved positions. Writes the result size to
+ * *out_size on success and on PC_ERR_CAPACITY; out may be NULL when out_capacity is 0.
+ * Returns PC_ERR_ARGUMENT for NULL arrays, n_blobs == 0, deltas NULL or n_stream outside
+ * 1..256, or a blob's scan error. The output is unspecified on failure. */
 PC_API int pc_state_assemble(const uint8_t *const *blobs, const size_t *sizes, const int32_t *deltas,
                              size_t n_blobs, const pc_rope_params *ropes, uint32_t n_ropes, uint32_t n_stream,
                              uint8_t *out, size_t out_capacity, size_t *out_size);

@@ -34,7 +34,7 @@ from pc_cpu.benchmarks.evaldata import load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
 from pc_cpu.benchmarks.scoring import normalize_answer
 from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.encoder import apply_pending_shifts
+from pc_cpu.engine.relocate import apply_pending_shifts
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import ops
@@ -207,7 +207,7 @@ def uncached_only_ms(pc, question, docs) -> float:
     work.prepare()
     pieces = work._pieces
     moved = [pc.documents.encoder.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
-    pc.prompts.state_set(0, ops.restream(ops.splice(moved), pc.prompts.n_stream))
+    pc.prompts.state_set(0, ops.restore_blob(moved, pc.prompts.n_stream))
     t0 = time.perf_counter()
     pc.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     int(np.argmax(pc.prompts.logits()))
@@ -258,11 +258,11 @@ def relocation(job: DocumentsBench) -> dict:
             pc.prompts.state_set(0, pc.documents.encoder._assembled(pieces))
             one_pass_ms.append((time.perf_counter() - t0) * 1000)
             pc.prompts.seq_rm(0)
-            # C path: relocate + splice + one state_set.
+            # Two passes: relocate, then join (restore_blob), then one state_set.
             t0 = time.perf_counter()
             relocated = [p.blob if p.delta == 0 else ops.relocate(p.blob, p.delta, pc.documents.encoder.ropes)
                          for p in pieces]
-            pc.prompts.state_set(0, ops.restream(ops.splice(relocated), pc.prompts.n_stream))
+            pc.prompts.state_set(0, ops.restore_blob(relocated, pc.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)
             mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
             if job.timing_only:
@@ -324,7 +324,9 @@ def seq_add_assemble(pc, pieces) -> None:
     apply_pending_shifts(ctx, scratch)
     blob = ctx.state_get(staging)
     ctx.seq_rm(staging)
-    pc.prompts.state_set(0, ops.restream(ops.order_by_position(blob), pc.prompts.n_stream))
+    restore = ops.restream(blob, pc.prompts.n_stream)
+    ops.order_in_place(restore)
+    pc.prompts.state_set(0, restore)
 
 
 def placed_blobs(pc, prompt) -> list[bytes]:
@@ -347,7 +349,7 @@ def greedy(pc, prompt, *, blobs=None, max_tokens: int = 24) -> list[int]:
     """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed."""
     work = pc.prompts
     if blobs is not None:
-        work.state_set(0, ops.restream(ops.splice(blobs), work.n_stream))
+        work.state_set(0, ops.restore_blob(blobs, work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     tokens, pos = [], prompt.end
     for _ in range(max_tokens):

@@ -3,8 +3,7 @@
 The library is looked for next to the package's modules (``pc_cpu/libpc_native.so``,
 ``.dylib`` or ``pc_native.dll``; scikit-build installs it there). When it is absent or
 reports another ABI version, :func:`available` is False. Both twins expose ``scan``,
-``splice``, ``relocate``, ``assemble_into``, ``restream``, ``order_by_position`` and
-``order_in_place`` with the
+``relocate``, ``assemble_into``, ``restream`` and ``order_in_place`` with the
 same signatures, results and ``StateBlobError.code``; :mod:`pc_cpu.kvstate.ops` picks one of
 them once, and the rest of pc_cpu calls that.
 """
@@ -82,12 +81,6 @@ def _bind(lib: ctypes.CDLL) -> None:
     # int pc_state_scan(const uint8_t *blob, size_t size, pc_state_info *out);
     lib.pc_state_scan.argtypes = [_u8p, ctypes.c_size_t, ctypes.POINTER(_Info)]
     lib.pc_state_scan.restype = ctypes.c_int
-    # int pc_state_splice(const uint8_t *const *blobs, const size_t *sizes, size_t n_blobs,
-    #                     uint8_t *out, size_t out_capacity, size_t *out_size);
-    lib.pc_state_splice.argtypes = [ctypes.POINTER(_u8p), ctypes.POINTER(ctypes.c_size_t),
-                                    ctypes.c_size_t, _u8p, ctypes.c_size_t,
-                                    ctypes.POINTER(ctypes.c_size_t)]
-    lib.pc_state_splice.restype = ctypes.c_int
     # int pc_state_relocate(uint8_t *blob, size_t size, int32_t delta, const pc_rope_params *ropes,
     #                       uint32_t n_ropes);
     lib.pc_state_relocate.argtypes = [_u8p, ctypes.c_size_t, ctypes.c_int32, ctypes.POINTER(_Rope),
@@ -116,7 +109,7 @@ def _bind(lib: ctypes.CDLL) -> None:
 def _lib() -> ctypes.CDLL | None:
     """Returns the loaded, bound library, or None when it is missing or of another ABI.
 
-    Resolved and loaded once per process: every scan, splice and relocate asks for it.
+    Resolved and loaded once per process: every scan, assemble and relocate asks for it.
     """
     path = library_path()
     if path is None:
@@ -201,21 +194,6 @@ def _into(out: bytearray) -> ctypes.Array:
     return (ctypes.c_uint8 * len(out)).from_buffer(out)
 
 
-def splice(blobs: Sequence[BlobLike]) -> bytearray:
-    """Merges blobs into one restore blob; see :func:`pc_cpu.kvstate.state_blob.splice`."""
-    lib = _require()
-    arrays, ptrs, sizes = _splice_args(blobs)  # arrays keep the blobs' pointers valid
-    need = ctypes.c_size_t(0)
-    status = lib.pc_state_splice(ptrs, sizes, len(blobs), None, 0, ctypes.byref(need))  # sizes it
-    out = bytearray()
-    if status == PC_ERR_CAPACITY:
-        out = bytearray(need.value)
-        status = lib.pc_state_splice(ptrs, sizes, len(blobs), _into(out), len(out), ctypes.byref(need))
-    if status:
-        raise _splice_error(lib, status, blobs)
-    return out
-
-
 def _rope_struct(rope: RopeParams) -> _Rope:
     # An int that does not fit int32 becomes -1, which the C library refuses as PC_ERR_ARGUMENT
     # at the same step where the numpy implementation refuses the original value.
@@ -294,23 +272,6 @@ def restream(blob: BlobLike, n_stream: int) -> bytearray:
         status = lib.pc_state_restream(ptr, arr.size, n, _into(out), len(out), ctypes.byref(need))
     if status:
         raise _error(status, "cannot restream: ")
-    return out
-
-
-def order_by_position(blob: BlobLike) -> BlobLike:
-    """Returns `blob` with its cells sorted by position (`blob` itself when they are); see
-    :func:`pc_cpu.kvstate.state_blob.order_by_position`."""
-    lib = _require()
-    arr, ptr = _pointer(blob)
-    in_order = ctypes.c_uint32(0)
-    status = lib.pc_state_order(ptr, arr.size, None, 0, ctypes.byref(in_order))  # checks, writes nothing
-    if status == PC_OK and in_order.value:
-        return blob
-    if status == PC_ERR_CAPACITY:
-        out = bytearray(arr.size)
-        status = lib.pc_state_order(ptr, arr.size, _into(out), len(out), ctypes.byref(in_order))
-    if status:
-        raise _error(status, "cannot order: ")
     return out
 
 

@@ -41,11 +41,6 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
     return blob if delta == 0 else IMPL.relocate(blob, delta, rope)
 
 
-def splice(blobs: Sequence[BlobLike]) -> BlobLike:
-    """Returns one blob holding the cells of `blobs` (disjoint positions), in their order (one blob: itself)."""
-    return blobs[0] if len(blobs) == 1 else IMPL.splice(blobs)
-
-
 def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,
                   n_stream: int, out: bytearray) -> int:
     """Writes the restore blob of `blobs`, blob i moved by deltas[i], for a context of `n_stream` streams, into `out`.
@@ -69,11 +64,6 @@ def restore_blob(blobs: Sequence[BlobLike], n_stream: int) -> bytearray:
 def restream(blob: BlobLike, n_stream: int) -> bytearray:
     """Returns a copy of `blob` rewritten for a context of `n_stream` KV streams, its cells in the first."""
     return IMPL.restream(blob, n_stream)
-
-
-def order_by_position(blob: BlobLike) -> BlobLike:
-    """Returns `blob` with each KV cache's cells sorted by position (`blob` itself when they already are)."""
-    return IMPL.order_by_position(blob)
 
 
 def order_in_place(blob: bytearray | memoryview) -> None:

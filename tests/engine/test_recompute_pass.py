@@ -150,7 +150,7 @@ def test_a_single_run_is_computed_in_the_prompt_stream_as_before(cache, monkeypa
     assert len(prompt.recomputed) == 1 and not library_decodes
     _, _, plain = build(cache, ids, "0")
     enc = cache.documents.encoder
-    cached = ops.restore_blob([ops.splice([ops.restream(plain, 1)])], 1)
+    cached = ops.restore_blob([ops.restream(plain, 1)], 1)
     assert recompute_in_library(enc.library, cached, prompt.recomputed, prompt.tokens[:prompt.tail_start],
                                 cache.prompts, 0)
     assert len(library_decodes) == 1

@@ -34,10 +34,9 @@ def test_setting_impl_routes_every_call_through_it(impl):
     assert e.value.code == "bad_magic" and ("pc_status" in str(e.value)) == (impl is native)
 
 
-def test_no_move_and_a_single_blob_are_returned_as_they_are(impl):
+def test_no_move_returns_the_blob_as_it_is(impl):
     blob = make_blob(BlobSpec(positions=(4, 5)))
     assert ops.relocate(blob, 0, None) is blob  # no rope needed: nothing turns
-    assert ops.splice([blob]) is blob
     moved = ops.relocate(blob, 3, BlobSpec().rope())
     assert ops.scan(moved).pos_min == 7
 

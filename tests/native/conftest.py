@@ -48,6 +48,13 @@ def assemble(impl, blobs, deltas, rope, n_stream: int) -> bytearray:
     return out
 
 
+def sorted_in_place(impl, blob) -> bytes:
+    """The bytes impl.order_in_place leaves in a writable copy of `blob`."""
+    buf = bytearray(blob)
+    impl.order_in_place(buf)
+    return bytes(buf)
+
+
 def outcome(fn: Callable, *args):
     """("ok", result) or ("error", code): what a call did, comparable across implementations."""
     try:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pc_cpu.kvstate import native, state_blob
 
-from .conftest import BlobSpec, assemble, make_blob, outcome
+from .conftest import BlobSpec, assemble, make_blob, outcome, sorted_in_place
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="libpc_native not built")
 
@@ -27,16 +27,17 @@ FUZZ = settings(max_examples=300, deadline=None, database=None,
 
 
 def _same_everywhere(blob: bytes) -> None:
-    """Every operation (splice alone and with a valid partner) agrees between implementations."""
-    calls = [("scan", (blob,)), ("splice", ([blob],)), ("splice", ([PARTNER, blob],)),
-             ("splice", ([blob, PARTNER],)), ("relocate", (blob, 7, ROPE)),
+    """Every operation (assembly alone and with a valid partner) agrees between implementations."""
+    calls = [("scan", (blob,)), ("assemble", ([blob], [0], None, 1)), ("assemble", ([PARTNER, blob], [0, 0], None, 1)),
+             ("assemble", ([blob, PARTNER], [0, 0], None, 1)), ("relocate", (blob, 7, ROPE)),
              ("relocate", (blob, -3, ROPE)), ("assemble", ([PARTNER, blob], [0, 30], ROPE, 2)),
              ("assemble", ([blob, PARTNER], [-2, 0], ROPE, 1)), ("assemble", ([blob], [0], None, 3)),
              ("restream", (blob, 1)), ("restream", (blob, 3)), ("restream", (blob, 0)),
-             ("order_by_position", (blob,))]
+             ("order_in_place", (blob,))]
     for name, args in calls:
-        if name == "assemble":
-            got, want = outcome(assemble, native, *args), outcome(assemble, state_blob, *args)
+        if name in ("assemble", "order_in_place"):
+            helper = assemble if name == "assemble" else sorted_in_place
+            got, want = outcome(helper, native, *args), outcome(helper, state_blob, *args)
         else:
             got = outcome(getattr(native, name), *args)
             want = outcome(getattr(state_blob, name), *args)
@@ -90,9 +91,12 @@ def test_real_blob_mutations_are_refused_alike(real_blobs):
         mutated = bytearray(blob)
         off = int(rng.integers(0, headers + 2000))
         mutated[off] ^= 1 << int(rng.integers(0, 8))
-        for name in ("scan", "splice", "restream", "order_by_position"):
-            args = {"splice": ([real_blobs.b, bytes(mutated)],), "restream": (bytes(mutated), 4)}.get(name, (bytes(mutated),))
+        for name in ("scan", "restream"):
+            args = {"restream": (bytes(mutated), 4)}.get(name, (bytes(mutated),))
             assert outcome(getattr(native, name), *args) == outcome(getattr(state_blob, name), *args)
+        joined = ([real_blobs.b, bytes(mutated)], [0, 0], None, 1)
+        assert outcome(assemble, native, *joined) == outcome(assemble, state_blob, *joined)
+        assert outcome(sorted_in_place, native, bytes(mutated)) == outcome(sorted_in_place, state_blob, bytes(mutated))
 
 
 def test_wrong_argument_types_are_refused_alike():

@@ -1,4 +1,4 @@
-"""restream(), order_by_position() and order_in_place(): fitting a blob to the prompt stream it is restored into.
+"""restream() and order_in_place(): fitting a blob to the prompt stream it is restored into.
 
 Every schema prompt runs both (pc_cpu.engine.streams.move_to_stream), so the C twin
 (native/pc_stream.c) must give the numpy reference's bytes, or its error code, for any blob.
@@ -15,16 +15,10 @@ from hypothesis import strategies as st
 from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate import native, state_blob
 
-from .conftest import GGML_F16, GGML_F32, BlobSpec, make_blob, outcome
+from .conftest import GGML_F16, GGML_F32, BlobSpec, make_blob, outcome, sorted_in_place
 
 needs_native = pytest.mark.skipif(not native.available(), reason="libpc_native not built")
 
-
-def sorted_in_place(impl, blob) -> bytes:
-    """The bytes order_in_place leaves in a writable copy of `blob`."""
-    buf = bytearray(blob)
-    impl.order_in_place(buf)
-    return bytes(buf)
 
 SPECS = st.builds(
     BlobSpec,
@@ -40,10 +34,8 @@ SPECS = st.builds(
 @given(spec=SPECS, n_stream=st.integers(0, 5))
 def test_numpy_and_native_agree_on_generated_blobs(spec, n_stream):
     blob = make_blob(dataclasses.replace(spec, stream=min(spec.stream, spec.n_stream - 1)))
-    for name, args in (("restream", (blob, n_stream)), ("order_by_position", (blob,))):
-        assert outcome(getattr(native, name), *args) == outcome(getattr(state_blob, name), *args), name
-    assert outcome(sorted_in_place, native, blob) == outcome(sorted_in_place, state_blob, blob) \
-        == outcome(state_blob.order_by_position, blob)
+    assert outcome(native.restream, blob, n_stream) == outcome(state_blob.restream, blob, n_stream)
+    assert outcome(sorted_in_place, native, blob) == outcome(sorted_in_place, state_blob, blob)
 
 
 @needs_native
@@ -52,20 +44,19 @@ def test_numpy_and_native_agree_on_real_blobs(real_blobs):
     for blob in (a, b, bytes(state_blob.splice([b, a])), bytes(state_blob.restream(state_blob.splice([b, a]), 8))):
         for n_stream in (1, 2, 8):
             assert bytes(native.restream(blob, n_stream)) == bytes(state_blob.restream(blob, n_stream))
-        assert bytes(native.order_by_position(blob)) == bytes(state_blob.order_by_position(blob)) \
-            == sorted_in_place(native, blob)
+        assert sorted_in_place(native, blob) == sorted_in_place(state_blob, blob)
 
 
 def test_ordering_cells_spliced_out_of_order_gives_the_splice_in_order(impl, real_blobs):
     a, b = real_blobs.a, real_blobs.b  # a at [0, n_a), b right after it
-    ordered = impl.order_by_position(impl.splice([b, a]))
-    assert bytes(ordered) == bytes(state_blob.with_sequence(impl.splice([a, b]), state_blob.scan(b).seq_id))
+    ordered = sorted_in_place(impl, state_blob.splice([b, a]))
+    assert ordered == bytes(state_blob.with_sequence(state_blob.splice([a, b]), state_blob.scan(b).seq_id))
 
 
 @pytest.mark.parametrize("v_trans", [False, True], ids=["v_rows", "v_trans"])
 def test_cells_are_sorted_with_their_own_k_and_v(impl, v_trans):
     blob = make_blob(BlobSpec(positions=(7, 2, 9, 0, 4), v_trans=v_trans, n_section=2))
-    ordered = impl.order_by_position(blob)
+    ordered = sorted_in_place(impl, blob)
     for section in (0, 1):
         assert state_blob.layer_kv(ordered, 0, section=section)[0].tolist() == [0, 2, 4, 7, 9]
         assert _kv_by_position(ordered, section) == _kv_by_position(blob, section)
@@ -78,17 +69,15 @@ def _kv_by_position(blob, section: int) -> dict[int, tuple[bytes, bytes]]:
     return {int(p): (k[i].tobytes(), v[i].tobytes()) for i, p in enumerate(pos)}
 
 
-def test_a_blob_in_order_is_returned_uncopied(impl):
-    blob = make_blob(BlobSpec(positions=(1, 3, 8), n_section=2))
-    assert impl.order_by_position(blob) is blob
-    empty = make_blob(BlobSpec(positions=()))
-    assert impl.order_by_position(empty) is empty
+def test_a_blob_in_order_is_left_as_it_is(impl):
+    for blob in (make_blob(BlobSpec(positions=(1, 3, 8), n_section=2)), make_blob(BlobSpec(positions=()))):
+        assert sorted_in_place(impl, blob) == blob
 
 
 @pytest.mark.parametrize("positions", [(3, 1, 3), (1, 3, 3)], ids=["out_of_order", "in_order"])
 def test_two_cells_at_one_position_cannot_be_ordered(impl, positions):
     with pytest.raises(StateBlobError) as e:
-        impl.order_by_position(make_blob(BlobSpec(positions=positions)))
+        sorted_in_place(impl, make_blob(BlobSpec(positions=positions)))
     assert e.value.code == "overlap"
 
 
@@ -119,7 +108,7 @@ def test_restream_and_order_name_a_malformed_blob(impl):
         impl.restream(make_blob()[:-1], 2)
     assert e.value.code == "truncated"
     with pytest.raises(StateBlobError) as e:
-        impl.order_by_position(b"\x00" * 16)
+        sorted_in_place(impl, b"\x00" * 16)
     assert e.value.code == "bad_magic"
 
 
@@ -129,7 +118,7 @@ def test_order_in_place_sorts_the_buffer_it_is_given(impl):
     view = memoryview(buf)[:len(blob)]  # as move_to_stream passes a slice of its reused buffer
     impl.order_in_place(view)
     del view
-    assert bytes(buf) == bytes(state_blob.order_by_position(blob)) != blob
+    assert bytes(buf) == sorted_in_place(state_blob, blob) != blob
 
 
 def test_order_in_place_refuses_what_it_cannot_write_or_order(impl):
