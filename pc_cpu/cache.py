@@ -19,6 +19,7 @@ pc_cpu.engine.sequences.SequenceRoles.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -41,8 +42,9 @@ from pc_cpu.engine.scheduler import Failed, Job, Request, Scheduler, Text
 from pc_cpu.engine.schema_prompt import SchemaPrompt
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.streams import open_prompt_streams
-from pc_cpu.engine.turns import FairLock
+from pc_cpu.engine.turns import ContextLocks, FairLock
 from pc_cpu.errors import ContextBeyondTrainingError, ContextOverflowError, PromptCacheError
+from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
@@ -120,22 +122,21 @@ class PromptCache:
                                    max_documents=max_documents,
                                    library_room=LibraryRoom(self.ctx, roles.slots, self._resident.idle_seqs,
                                                             together=1 if self.model.info.n_swa else None))
-        # One add_document or schema precompute at a time computes in the adder's stream (roles.adder).
-        self._adding = threading.Lock()
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, roles.workspace)
         # load_schema computes modules here, giving way to running prompts between batches (_precompute).
         adder = None if workspace is None else Workspace(self.prompts, roles.adder)
         self.modules = ModuleCache(self.ctx, self._resident, self.store, roles, mode=self.encoding, workspace=workspace,
                                    rope=ropes)
-        self._lock = FairLock()  # one thread at a time calls into the context, in arrival order
+        self._locks = ContextLocks()
+        self._lock = self._locks.context  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.prompts, roles, self._lock, batch_invariant=batch_invariant)
         self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
         self.chat_template = ChatTemplate(self.model.chat_template(), eos_token=self.model.eos_text())
         self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.model.info.fingerprint,
                                                 can_cut=not self.model.info.n_swa, mover=self.documents.encoder)
-        self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._lock, mode=self.encoding,
-                               n_ctx=self.ctx.n_ctx, adder=adder, adding=self._adding)
+        self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._locks, mode=self.encoding,
+                               n_ctx=self.ctx.n_ctx, adder=adder)
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -282,7 +283,9 @@ class PromptCache:
         The encoding goes to the store, so later processes sharing it encode nothing. A
         document is encoded after its preamble (pc_cpu.pml.documents): `system` encodes it
         for the system message that `ask` will be given (None: no system message); asking
-        with another system message encodes it for that one on first use.
+        with another system message encodes it for that one on first use. On a model whose
+        questions take encoding="library" (see `ask`), it is also encoded after the documents
+        the library added before it, so that any place a question gives it is ready.
 
         Args:
             text: the document; it needs a printable character (pc_cpu.pml.documents.has_text).
@@ -305,8 +308,9 @@ class PromptCache:
             AddCancelledError: `cancel` was set before the encoding finished.
         """
         new = self.documents.check_addable(text, name, system)  # before waiting for the stream: refusals come fast
-        with self._adding, self._lock:
-            return self.documents.add(new, pace=self._paced, progress=progress, cancel=cancel)
+        with self._locks.adding():
+            return self.documents.add(new, encoding=self._default_encoding(), pace=self._paced, progress=progress,
+                                      cancel=cancel)
 
     def remove_document(self, id_or_name: str) -> Document:
         """Returns the document it forgot, after deleting its encodings from every tier; other documents are untouched.
@@ -356,9 +360,10 @@ class PromptCache:
         "library" the documents the library added before it (up to 4, their last 512 tokens;
         pc_cpu.pml.documents.stand_in_places), as a document in a list is computed, or
         "preamble" the system message alone. The first document of a prompt always takes the
-        preamble's (where the full prefill computes it). add_document computes both. None: the
-        model's measured choice (its "fast" setting, pc_cpu.document_settings; "library" on
-        models not measured).
+        preamble's (where the full prefill computes it). None: the model's measured choice (its
+        "fast" setting, pc_cpu.document_settings; "library" on models not measured).
+        add_document computes the encodings the model's choice needs; a question asking for the
+        other computes its documents' cells once, on first use, and stores them.
         """
         stream = self.stream_ask(question, GenerationOptions.of(options, overrides, method="ask"),
                                  documents=documents, system=system, order=order, setting=setting, prefix=prefix,
@@ -406,8 +411,8 @@ class PromptCache:
         documents: ids or names of documents (add_document), placed at the start of the first user
         message, before its text, as `ask` places them before the question. The first turn takes
         their cells as `ask` does (the exact prefix when one is stored, else the documents encoded
-        apart); a follow-up reuses that whole turn, documents, question and answer. Send the same
-        documents with every turn of the conversation.
+        apart, with the model's default encoding); a follow-up reuses that whole turn, documents,
+        question and answer. Send the same documents with every turn of the conversation.
 
         after_edit: what a turn does when an earlier message was edited or deleted since the
         conversation's cells were kept. "recompute" (the default): the turns before the edit are
@@ -444,14 +449,18 @@ class PromptCache:
         sampling = _sampling(options)
         check_after_edit(after_edit)
         checked = check_messages(messages)
-        placed = ()
+        placed, before = (), None
         if documents:
             if options.use_cache:
                 self.documents.check_supported()
             with self._lock:  # as every library read of the façade
                 docs = self.documents.resolve(documents)
+                if self._default_encoding() == "library":  # as `ask` encodes them on this model
+                    before = self.documents.before(docs)
             placed = tuple((doc.id, self.documents.tokens(doc.text)) for doc in docs)
         prompt = chat_prompt(checked, self.chat_template, self.model, documents=placed)
+        if prompt.documents is not None and before is not None:
+            prompt = dataclasses.replace(prompt, documents=self.documents.after_stand_ins(prompt.documents, before))
         if prompt.end + 1 > self.prompts.n_ctx:
             raise ContextOverflowError(
                 f"the conversation is {prompt.end:,} tokens and a prompt holds {self.prompts.n_ctx:,} with its "
@@ -488,13 +497,17 @@ class PromptCache:
         measured best on this model (its "fast" setting's).
         """
         if setting is None:
-            encoding = encoding or document_settings.settings_for(self.model.path.name).fast.encoding
+            encoding = encoding or self._default_encoding()
             return recompute, order or "given", prefix or "background", encoding
         if recompute is not None or order is not None:
             raise PromptCacheError(f"setting={setting!r} chooses recompute and order itself; give either setting "
                                    "or recompute/order, not both")
         chosen = document_settings.setting(self.model.path.name, setting)
         return chosen.recompute, chosen.order, prefix or chosen.prefix, encoding or chosen.encoding
+
+    def _default_encoding(self) -> str:
+        """Returns the encoding questions over documents take on this model unless told otherwise (its "fast" setting's)."""
+        return document_settings.settings_for(self.model.path.name).fast.encoding
 
     def document_prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                         names: Sequence[str] | None = None, order: str = "given") -> DocumentPrompt:
@@ -557,6 +570,13 @@ class PromptCache:
             work = SchemaPrompt(plan, self._loaded(plan.schema).layout, use_cache, self.prompts, self.modules,
                                 self._blender.get)
             return work.prefill(PROMPT_SEQ)
+
+    def prefilled(self, plan: Plan, *, use_cache: bool) -> "PrefilledPrompt":
+        """Returns the prompt's cells built as `generate` builds them (see `prefill`), to read and then close.
+
+        For tests and tools: `with cache.prefilled(plan, use_cache=True) as prompt: prompt.logits()`.
+        """
+        return PrefilledPrompt(self.prefill(plan, use_cache=use_cache), self.prompts, self._lock)
 
     @property
     def blender(self) -> Blender | None:
@@ -644,6 +664,46 @@ def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:
         disk.check_writable()
         tiers.append(disk)
     return TieredStore(tiers)
+
+
+class PrefilledPrompt:
+    """A prompt's cells in stream PROMPT_SEQ, built by hand (PromptCache.prefilled): what can be read of them.
+
+    Closing it (or leaving its `with` block) frees the stream. Read it while nothing else runs.
+    """
+
+    def __init__(self, end: int, prompts: Context, lock: FairLock):
+        self.end = end  # the position generation would continue at
+        self._prompts = prompts
+        self._lock = lock
+
+    def logits(self):
+        """Returns the logits after the prompt's last token (a numpy array over the vocabulary)."""
+        with self._lock:
+            return self._prompts.logits()
+
+    def cells(self) -> bytes:
+        """Returns the prompt's cells as a llama.cpp state blob (pc_cpu.kvstate.ops reads it)."""
+        with self._lock:
+            return self._prompts.state_get(PROMPT_SEQ)
+
+    def positions(self) -> list[int]:
+        """Returns the positions the prompt holds cells at (its first KV cache's), sorted."""
+        with self._lock:
+            if self._prompts.seq_pos_max(PROMPT_SEQ) < 0:
+                return []
+            return sorted(int(p) for p in ops.section_positions(self._prompts.state_get(PROMPT_SEQ))[0])
+
+    def close(self) -> None:
+        """Frees the prompt's stream."""
+        with self._lock:
+            self._prompts.seq_rm(PROMPT_SEQ)
+
+    def __enter__(self) -> "PrefilledPrompt":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Stream:

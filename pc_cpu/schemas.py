@@ -16,7 +16,7 @@ from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.modules import ModuleCache
 from pc_cpu.engine.scheduler import Scheduler
-from pc_cpu.engine.turns import FairLock
+from pc_cpu.engine.turns import ContextLocks
 from pc_cpu.errors import CancelledError, ContextOverflowError, UnknownSchemaError
 from pc_cpu.pml.encoding import check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
@@ -35,17 +35,17 @@ class LoadedSchema:
 class Schemas:
     """The schemas one PromptCache has loaded, by name, and how their modules get encoded."""
 
-    def __init__(self, model: Model, markup: RoleMarkup, modules: ModuleCache, scheduler: Scheduler, lock: FairLock,
-                 *, mode: str, n_ctx: int, adder: Workspace | None, adding: threading.Lock):
+    def __init__(self, model: Model, markup: RoleMarkup, modules: ModuleCache, scheduler: Scheduler,
+                 locks: ContextLocks, *, mode: str, n_ctx: int, adder: Workspace | None):
         self.model = model
         self.markup = markup
         self.modules = modules
         self.mode = mode  # how modules are encoded (pc_cpu.pml.encoding)
         self.n_ctx = n_ctx
         self._scheduler = scheduler
-        self._lock = lock  # the PromptCache's: one thread at a time calls into the context
+        self._locks = locks  # the PromptCache's
+        self._lock = locks.context  # one thread at a time calls into the context
         self._adder = adder  # the stream encodings are computed in between prompts' steps; None: in `ensure`
-        self._adding = adding  # held by whoever computes in the adder's stream (add_document, or a precompute)
         self._loaded: dict[str, LoadedSchema] = {}
 
     @property
@@ -141,16 +141,17 @@ class Schemas:
         context lock: an add holds the stream and waits for the lock). Otherwise, and for
         encodings ModuleCache.precompute leaves to `ensure`, `ensure` computes it in one go.
         """
-        if self._adder is None or self._lock.nested or not self._adding.acquire(blocking=False):
+        if self._adder is None:
             return
-        try:
+        with self._locks.adder_if_free() as taken:
+            if not taken:
+                return
+
             def report(n: int) -> None:
                 tracker.computed(key, n)
                 check_cancel(cancel, f"loading schema {layout.schema!r}", "its caller went away")
 
             self.modules.precompute(layout, key, self._adder, on_computed=paced(report, self._scheduler.give_way))
-        finally:
-            self._adding.release()
 
     def _check_fits(self, layout: Layout) -> None:
         """Raises ContextOverflowError when a module, or the cells computing one takes, do not fit the context."""

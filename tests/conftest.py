@@ -123,11 +123,11 @@ def packaged_cache(request):
 
 def cell_positions(ctx, seq: int, end: int, probe: int | None = None) -> list[int]:
     """Returns the positions < end at which `seq` holds a cell (those of its first KV cache), read from its state."""
-    from pc_cpu.kvstate import state_blob
+    from pc_cpu.kvstate import ops
 
     if ctx.seq_pos_max(seq) < 0:
         return []
-    positions = state_blob._layout_parse(ctx.state_get(seq)).sections[0].positions
+    positions = ops.section_positions(ctx.state_get(seq))[0]
     return sorted(int(p) for p in positions if p < end)
 
 

@@ -1,4 +1,4 @@
-"""FairLock: a reentrant lock that threads get in the order they asked for it.
+"""FairLock: a reentrant lock that threads get in the order they asked for it; ContextLocks: a cache's two locks.
 
 The scheduler's worker takes the context's lock for every decode step and asks
 again right after. Python's locks let the releasing thread barge back in, so a
@@ -8,8 +8,10 @@ ends. With turns, a waiting thread gets the lock after at most one step.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from typing import Iterator
 
 
 class FairLock:
@@ -86,3 +88,38 @@ class FairLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class ContextLocks:
+    """The two locks of one PromptCache, and the order they are taken in: the adder's stream, then the context.
+
+    `context` (a FairLock): one thread at a time calls into llama.cpp, in arrival order.
+    The adder's stream (SequenceRoles.adder) is where add_document and a schema's precompute
+    compute between prompts' steps; one of them at a time. An add holds the stream and waits
+    for the context; nothing waits for the stream while holding the context (`try_adder`), so
+    the two never deadlock.
+    """
+
+    def __init__(self) -> None:
+        self.context = FairLock()
+        self._adder = threading.Lock()
+
+    @contextlib.contextmanager
+    def adding(self) -> Iterator[None]:
+        """Holds the adder's stream, then the context, for as long as the block runs (add_document)."""
+        with self._adder, self.context:
+            yield
+
+    @contextlib.contextmanager
+    def adder_if_free(self) -> Iterator[bool]:
+        """Yields whether the adder's stream was taken for the block: never waits, so it may run under the context.
+
+        False, and nothing taken, when the stream is busy or the caller holds the context more
+        than once (a precompute yields the context between batches, which a nested holder cannot).
+        """
+        taken = not self.context.nested and self._adder.acquire(blocking=False)
+        try:
+            yield taken
+        finally:
+            if taken:
+                self._adder.release()

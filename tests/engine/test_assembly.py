@@ -5,10 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.errors import (ArgumentTooLongError, ContextBeyondTrainingError, ContextOverflowError, PromptCacheError,
                            SequenceBudgetError)
-from tests.conftest import cell_positions
 
 SCHEMA = """<schema name="trip">
   <system>You plan trips.</system>
@@ -35,11 +33,8 @@ PROMPTS = {
 
 def assembled_positions(cache, prompt):
     plan = cache.plan(prompt)
-    cache.prefill(plan, use_cache=True)
-    found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 4)
-    logits = cache.prompts.logits()
-    cache.prompts.seq_rm(PROMPT_SEQ)
-    return plan, found, logits
+    with cache.prefilled(plan, use_cache=True) as assembled:
+        return plan, assembled.positions(), assembled.logits()
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))

@@ -7,12 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.engine.blend import batches, contiguous_runs, deviation, runs_by_module
 from pc_cpu.engine.probe import PROBE_LAYERS, Probe
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.kvstate import state_blob
-from tests.conftest import cell_positions
 from tests.engine.test_recompute import DOCS, GAP_FREE
 from tests.tiny_gguf import write_tiny_llama_gguf
 
@@ -60,9 +58,8 @@ def test_the_cut_down_probe_computes_the_full_models_early_layer(tmp_path, make_
     cache = make_cache(deep)
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="all")
-    cache.prefill(plan, use_cache=True)
-    pos, k, v = state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), PROBE_LAYERS - 1)
-    cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(plan, use_cache=True) as prefilled:
+        pos, k, v = state_blob.layer_kv(prefilled.cells(), PROBE_LAYERS - 1)
     probe = Probe(cache.model, n_ctx=1024, threads=2, flash_attn=None, directory=tmp_path)
     try:
         assert probe.model.info.n_layer == PROBE_LAYERS
@@ -79,8 +76,8 @@ def test_layer_values_read_the_same_with_v_transposed_or_not(make_cache):
     for flash in (True, False):
         cache = make_cache(flash_attn=flash)
         cache.load_schema(DOCS)
-        cache.prefill(cache.plan(GAP_FREE), use_cache=False)
-        values.append(state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), 1))
+        with cache.prefilled(cache.plan(GAP_FREE), use_cache=False) as prefilled:
+            values.append(state_blob.layer_kv(prefilled.cells(), 1))
     (p1, k1, v1), (p2, k2, v2) = values
     assert p1.tolist() == p2.tolist()
     # Flash attention changes layer 0's rounding, so layer 1's values move a little on real models;
@@ -117,9 +114,8 @@ def test_module_by_module_refresh_recomputes_the_same_cells(make_cache):
     chosen = {}
     for policy in ("select:40%", "select:40%@module"):
         plan = cache.plan(GAP_FREE, recompute=policy)
-        cache.prefill(plan, use_cache=True)
-        found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2)
-        cache.prompts.seq_rm(PROMPT_SEQ)
+        with cache.prefilled(plan, use_cache=True) as prefilled:
+            found = prefilled.positions()
         assert found == list(plan.positions)  # every cell in place, none doubled
         chosen[policy] = cache.blender.last_selected
     assert chosen["select:40%"] == chosen["select:40%@module"] and chosen["select:40%"]
@@ -129,19 +125,17 @@ def test_selection_recomputes_the_most_deviating_cells_in_place(make_cache):
     cache = make_cache()
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="select:30%")
-    cache.prefill(plan, use_cache=True)
+    with cache.prefilled(plan, use_cache=True) as prefilled:
+        found = prefilled.positions()
     blender = cache.blender
-    found = cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2)
-    cache.prompts.seq_rm(PROMPT_SEQ)
     assert found == list(plan.positions)
     assert len(blender.last_selected) == plan.selected_tokens > 0
     # The chosen ones are the largest deviations between the cached cells and the probe's prefill.
     head = type(plan)(plan.schema, plan.ops[:-1], plan.modules)
-    cache.prefill(type(plan)(plan.schema, plan.ops, plan.modules), use_cache=True)  # select 0: cached cells
     # The probe's last layer, in the cache that holds it (on Gemma 3 the window layers' cache).
     section, index = blender.probe.layer
-    cached = state_blob.layer_kv(cache.prompts.state_get(PROMPT_SEQ), index, section=section)
-    cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(type(plan)(plan.schema, plan.ops, plan.modules), use_cache=True) as prefilled:  # select 0
+        cached = state_blob.layer_kv(prefilled.cells(), index, section=section)
     candidates = np.array([p for op in head.ops if getattr(op, "module", "#root") != "#root"
                            for p in range(op.start, op.end)])
     scores = deviation(cached, blender.probe.kv(head), candidates)

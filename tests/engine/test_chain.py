@@ -38,8 +38,8 @@ def test_two_chained_modules_give_the_full_prefill_logits(make_cache):
 def on_demand_logits(cache, imports: str):
     """Returns the last-token logits of the prompt, its encodings made resident only as the prompt needs them."""
     cache.load_schema(SCHEMA, encode=False)
-    cache.prefill(cache.plan(prompt(imports)), use_cache=True)
-    return cache.prompts.logits()
+    with cache.prefilled(cache.plan(prompt(imports)), use_cache=True) as prefilled:
+        return prefilled.logits()
 
 
 def test_module_encoded_on_demand_is_computed_after_its_whole_chain(make_cache):
@@ -93,8 +93,8 @@ def test_a_context_too_small_for_the_schema_keeps_the_preamble_while_encoding_th
     for name, cache in (("small", small), ("big", make_cache(encoding="chain", store=False)),
                         ("preamble", make_cache(store=False))):
         cache.load_schema(long)
-        cache.prefill(cache.plan(prompt("<c/>")), use_cache=True)
-        logits[name] = cache.prompts.logits()
+        with cache.prefilled(cache.plan(prompt("<c/>")), use_cache=True) as prefilled:
+            logits[name] = prefilled.logits()
 
     # Not bit-equal: other cell slots in a smaller context change attention's summation order.
     # But c was computed after b's chained cells, as in the big context, not as in preamble mode.

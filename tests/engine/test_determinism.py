@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.cache import PROMPT_SEQ
 from tests.conftest import batched_prefill_logits, smollm2_path
 
 PASSAGES = [
@@ -41,11 +40,8 @@ def answers(cache, max_tokens: int = 12) -> tuple[list, list[set[str]]]:
 
 def prompt_logits(cache, prompt: str, *, use_cache: bool = True) -> np.ndarray:
     """Returns the logits after the prompt's last token, its cells built as generate builds them."""
-    cache.prefill(cache.plan(prompt), use_cache=use_cache)
-    try:
-        return cache.prompts.logits()
-    finally:
-        cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(cache.plan(prompt), use_cache=use_cache) as prefilled:
+        return prefilled.logits()
 
 
 def check_every_tier_gives_the_same_answers(make_cache, model, tmp_path) -> None:
@@ -86,9 +82,8 @@ def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
     cache.generate(PROMPTS[1], max_tokens=2)  # restores some modules into the holes
     prompt = '<prompt schema="lib"><p0/><user>Who climbed the stairs?</user></prompt>'
     plan = cache.plan(prompt)
-    cache.prefill(plan, use_cache=True)
-    cached = cache.prompts.logits()
-    cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(plan, use_cache=True) as prefilled:
+        cached = prefilled.logits()
     module = cache.layout("lib").modules["p0"]
     # A fresh context, in the batches the cache computed the tokens in (batched_prefill_logits says why).
     baseline = batched_prefill_logits(make_cache(), SCHEMA, prompt, [module.start, module.end])

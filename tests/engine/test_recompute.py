@@ -7,9 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.pml.plan import CopyCells
-from tests.conftest import batched_prefill_logits, cell_positions
+from tests.conftest import batched_prefill_logits
 from tests.engine.test_assembly import PROMPTS, SCHEMA
 
 DOCS = ('<schema name="d"><module name="a">The keeper wrote the weather in a book every evening.</module>'
@@ -23,9 +22,8 @@ def test_recomputing_everything_gives_the_full_prefill_logits(make_cache):
     plan = cache.plan(GAP_FREE, recompute="all")
     copied = [op for op in plan.ops if isinstance(op, CopyCells)]
     assert all(op.module == "#root" for op in copied)  # only the preamble (BOS, where the model has one) is cached
-    cache.prefill(plan, use_cache=True)
-    recomputed = cache.prompts.logits()
-    cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(plan, use_cache=True) as prefilled:
+        recomputed = prefilled.logits()
     baseline = batched_prefill_logits(fresh, DOCS, GAP_FREE, [op.start + len(op.tokens) for op in copied])
     assert np.abs(recomputed - baseline).max() == 0.0
     assert (cache.generate(GAP_FREE, max_tokens=8, recompute="all").token_ids
@@ -50,9 +48,8 @@ def test_recomputing_a_tail_changes_the_answer_toward_the_full_prefill(make_cach
     distances = []
     for policy in ("0", "tail:4", "50%", "all"):
         plan = cache.plan(GAP_FREE, recompute=policy)
-        cache.prefill(plan, use_cache=True)
-        distances.append(float(np.abs(cache.prompts.logits() - baseline).max()))
-        cache.prompts.seq_rm(PROMPT_SEQ)
+        with cache.prefilled(plan, use_cache=True) as prefilled:
+            distances.append(float(np.abs(prefilled.logits() - baseline).max()))
     assert distances[-1] == 0.0 and distances[0] > 0.0
 
 
@@ -77,9 +74,7 @@ def trip_cache(tiny_model_path):
 def test_any_policy_assembles_at_the_layout_positions(trip_cache, policy, name):
     # Unions, nested modules, params and gaps: recomputed tokens never break llama.cpp's position rule.
     plan = trip_cache.plan(PROMPTS[name], recompute=policy)
-    trip_cache.prefill(plan, use_cache=True)
-    found = cell_positions(trip_cache.prompts, PROMPT_SEQ, plan.end + 2)
-    logits = trip_cache.prompts.logits()
-    trip_cache.prompts.seq_rm(PROMPT_SEQ)
+    with trip_cache.prefilled(plan, use_cache=True) as prefilled:
+        found, logits = prefilled.positions(), prefilled.logits()
     assert found == list(plan.positions)
     assert np.isfinite(logits).all()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.errors import PromptError, SchemaError
+from pc_cpu.kvstate import ops
 from pc_cpu.pml.encoding import scaffold_key
 from pc_cpu.pml.plan import CopyCells, DecodeTokens
-from pc_cpu.kvstate.state_blob import _layout_parse
 from tests.conftest import batched_prefill_logits, prefill_logits
 from tests.conftest import cell_positions
 
@@ -88,10 +87,9 @@ def test_partial_import_uses_the_members_own_cells(make_cache):
     plan = cache.plan(f'<prompt schema="s"><b/><other/>{QUESTION}</prompt>')
     assert sources(plan)["b"] == {None}
     assert plan.encoding_of("b") == "b"
-    cache.prefill(plan, use_cache=True)
-    assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
-    logits = cache.prompts.logits()
-    cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(plan, use_cache=True) as prompt:
+        assert prompt.positions() == list(plan.positions)
+        logits = prompt.logits()
     # The cells came from b's own library sequence: the same logits as a cache that has no scaffold.
     apart = prefill_logits(make_cache(), APART, f'<prompt schema="s"><b/><other/>{QUESTION}</prompt>', use_cache=True)
     assert np.allclose(logits, apart, atol=1e-3)
@@ -133,24 +131,19 @@ def test_gapped_scaffold_assembles_at_the_layout_positions(make_cache):
     ops = [op for op in plan.ops if getattr(op, "module", None) != "#root"]
     assert [type(op) for op in ops] == [CopyCells, DecodeTokens, CopyCells, DecodeTokens]
     assert ops[2].start == layout.modules["b"].start and ops[2].source == "scaffold:both"
-    cache.prefill(plan, use_cache=True)
-    assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
-    logits = cache.prompts.logits()
-    cache.prompts.seq_rm(PROMPT_SEQ)
+    with cache.prefilled(plan, use_cache=True) as prompt:
+        assert prompt.positions() == list(plan.positions)
+        logits = prompt.logits()
     assert np.isfinite(logits).all()
     again = prefill_logits(make_cache(), GAPPED, f'<prompt schema="g"><both/>{QUESTION}</prompt>', use_cache=True)
     assert np.array_equal(logits, again)
 
 
 def layer0_keys(blob: bytes) -> dict[int, np.ndarray]:
-    """Returns {position: first layer's K row} of a state blob (F16 K cache)."""
-    parsed = _layout_parse(blob)
-    section = parsed.sections[-1]  # an iswa model (Gemma 3) saves its sliding-window layers, layer 0 among them, last
-    k = section.k[0]
-    assert k.type == 1  # F16
-    rows = np.frombuffer(parsed.buf, dtype=np.float16, count=section.n_cell * k.row_size // 2, offset=k.data_off)
-    rows = rows.reshape(section.n_cell, -1).astype(np.float32)
-    return {int(pos): rows[i] for i, pos in enumerate(section.positions)}
+    """Returns {position: first layer's K row} of a state blob (F16 or F32 K cache)."""
+    # An iswa model (Gemma 3) saves its sliding-window layers, layer 0 among them, last.
+    positions, k, _ = ops.layer_kv(blob, 0, section=ops.scan(blob).n_section - 1)
+    return {int(pos): k[i] for i, pos in enumerate(positions)}
 
 
 def test_moved_cells_are_re_rotated_before_anyone_reads_them(make_cache):
@@ -215,14 +208,12 @@ def test_scaffold_member_with_params_needs_explicit_imports(make_cache):
 def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
     # The runs are pinned as they are computed and then moved: the pin must follow them, and
     # must not keep a cell at a position where a run was only computed.
-    from pc_cpu.kvstate import state_blob
-
     cache = make_cache()
     cache.load_schema(GAPPED)
     layout = cache.layout("g")
     resident = cache.modules.resident
     held = sorted(p for key in resident.keys() for a, b in resident.intervals(key) for p in range(a, b))
-    pinned = state_blob._layout_parse(cache.ctx.state_get(cache.roles.pin)).sections[0].positions
+    pinned = ops.section_positions(cache.ctx.state_get(cache.roles.pin))[0]
     scaffold = resident.intervals(cache.modules.key_of(layout, scaffold_key("both")))
     assert len(scaffold) == 2 and scaffold[0][1] < scaffold[1][0] < layout.length  # a gap: b's run was moved
     assert sorted(pinned.tolist()) == held  # members and scaffold alike, so some positions twice

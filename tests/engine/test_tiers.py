@@ -6,9 +6,7 @@ import logging
 
 import pytest
 
-from pc_cpu.cache import PROMPT_SEQ
 from pc_cpu.engine.modules import ModuleCache
-from tests.conftest import cell_positions
 from tests.tiny_gguf import write_tiny_llama_gguf
 
 DOCS = {name: f"Document {name}: " + " ".join(f"{name}{i} fact number {i}." for i in range(12)) for name in "abc"}
@@ -63,8 +61,8 @@ def test_restored_cells_sit_at_the_layout_positions(make_cache, store_dir):
     cache.load_schema(SCHEMA, encode=False)
     plan = cache.plan(prompt("c"))
     assert cache.prepare(plan, use_cache=True)["c"] == "disk"
-    cache.prefill(plan, use_cache=True)
-    assert cell_positions(cache.prompts, PROMPT_SEQ, plan.end + 2) == list(plan.positions)
+    with cache.prefilled(plan, use_cache=True) as prefilled:
+        assert prefilled.positions() == list(plan.positions)
 
 
 def damage_flip(path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pc_cpu.engine.turns import FairLock
+from pc_cpu.engine.turns import ContextLocks, FairLock
 
 
 def raised_in_another_thread(fn) -> BaseException | None:
@@ -106,3 +106,30 @@ def test_yield_turn_keeps_the_lock_when_nobody_waits_or_when_nested():
             assert waiter.is_alive()
     waiter.join(timeout=10)
     assert not waiter.is_alive()
+
+
+def test_the_adder_is_taken_only_when_free_and_never_waited_for_under_a_nested_context():
+    locks = ContextLocks()
+    with locks.adder_if_free() as taken:
+        assert taken
+        with locks.adder_if_free() as again:  # busy: refused at once, not waited for
+            assert not again
+    with locks.context, locks.context:  # a nested holder cannot yield the context between batches
+        with locks.adder_if_free() as taken:
+            assert not taken
+    with locks.context:
+        with locks.adder_if_free() as taken:
+            assert taken
+
+
+def test_adding_takes_the_adder_then_the_context_and_gives_both_back():
+    locks = ContextLocks()
+    with locks.adding():
+        assert raised_in_another_thread(lambda: _assert_adder_busy(locks)) is None
+    with locks.adder_if_free() as taken:
+        assert taken  # released
+
+
+def _assert_adder_busy(locks: ContextLocks) -> None:
+    with locks.adder_if_free() as taken:
+        assert not taken
