@@ -24,7 +24,7 @@ from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
 from pc_cpu.kvstate.rope import RopeParams
-from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_prefix,
+from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_encoding, check_prefix,
                                   check_question, document_id, document_tokens, has_text, layout_documents,
                                   order_documents, preamble_tokens, stand_ins, tail_tokens, with_recompute)
 from pc_cpu.pml.recompute import RecomputePolicy
@@ -112,6 +112,15 @@ class Documents:
         room = self.prompts.n_ctx - len(preamble) - len(tokens) - 1
         return stand_ins([self.tokens(text) for text in texts], room)
 
+    def after_stand_ins(self, prompt: DocumentPrompt, before: dict[str, list[str]]) -> DocumentPrompt:
+        """Returns `prompt` with its documents encoded after their stand-ins (`before()`): encoding="library".
+
+        The prompt's tokens do not change; only what each document's cells are computed after.
+        """
+        documents = [(doc.id, doc.tokens) for doc in prompt.documents]
+        after = {doc_id: self.stand_ins(before.get(doc_id, []), prompt.preamble, tokens) for doc_id, tokens in documents}
+        return layout_documents(prompt.preamble, documents, prompt.tail, after)
+
     def prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                names: Sequence[str] | None = None, order: str = "given",
                before: dict[str, list[str]] | None = None) -> DocumentPrompt:
@@ -124,10 +133,9 @@ class Documents:
         ids = [document_id(text) for text in texts]
         tail = tail_tokens(question, self.model, self.markup)
         placed = order_documents([(doc_id, self.tokens(text)) for doc_id, text in zip(ids, texts)], tail, order)
-        preamble = preamble_tokens(system, self.model, self.markup)
-        after = None if before is None else {
-            doc_id: self.stand_ins(before.get(doc_id, []), preamble, tokens) for doc_id, tokens in placed}
-        prompt = layout_documents(preamble, placed, tail, after)
+        prompt = layout_documents(preamble_tokens(system, self.model, self.markup), placed, tail)
+        if before is not None:
+            prompt = self.after_stand_ins(prompt, before)
         if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
             raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
                                                          self.model.info.n_ctx_train))
@@ -180,18 +188,24 @@ class Documents:
         self.library.check_room(doc_id, name)
         return NewDocument(doc_id, text, name, tokens, preamble)
 
-    def add(self, new: NewDocument, *, pace: Callable[[AfterBatch], AfterBatch], progress: ProgressCallback | None,
-            cancel: threading.Event | None) -> AddedDocument:
-        """Returns the id of the document, with the tiers that served it, once its encoding is stored and it is registered.
+    def add(self, new: NewDocument, *, encoding: str, pace: Callable[[AfterBatch], AfterBatch],
+            progress: ProgressCallback | None, cancel: threading.Event | None) -> AddedDocument:
+        """Returns the id of the document, with the tiers that served it, once its encodings are stored and it is registered.
 
+        `encoding`: the one the model's questions take by default (pc_cpu.document_settings).
+        "library" computes both a prompt can give the document: after the preamble alone (the
+        first document of a prompt) and after its stand-ins (every other place), so a question
+        computes neither. "preamble" computes the first only; a question asking for
+        encoding="library" then computes the other on first use, and stores it.
         `pace(report)` gives the callback the encoder calls after each batch (PromptCache._paced);
         the caller holds the adder's stream and the context lock around this call.
         """
+        check_encoding(encoding)
         label = new.name or new.id
-        # Both encodings a prompt can take: after the preamble alone (the first document of a prompt),
-        # and after its stand-ins (every other place, encoding="library"); a question then computes neither.
-        before = [d.text for d in self.library.stand_ins([new.id])[new.id]]
-        after = self.stand_ins(before, new.preamble, new.tokens)
+        after: tuple[int, ...] = ()
+        if encoding == "library":
+            before = [d.text for d in self.library.stand_ins([new.id])[new.id]]
+            after = self.stand_ins(before, new.preamble, new.tokens)
         contexts = (new.preamble, new.preamble + after) if after else (new.preamble,)
         tracker = ProgressTracker(label, {new.id: len(new.tokens) * len(contexts)}, progress, kind="document")
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 
 import pytest
 
+from pc_cpu import document_settings
 from pc_cpu.engine import chat_prompt
 from pc_cpu.engine.chat_prompt import Tip, TipIndex
 from pc_cpu.errors import ContextOverflowError, PromptCacheError
@@ -179,6 +181,22 @@ def test_a_follow_up_over_documents_reuses_the_whole_previous_turn(make_smollm2_
     assert second.cached_tokens >= first.prompt_tokens and second.tiers == {"#conversation": "context"}
     layout = cache.chat_prompt(messages)
     assert second.prompt_tokens > layout.end  # the documents sit in the prompt too
+
+
+@pytest.mark.parametrize("encoding", ["preamble", "library"])
+def test_documents_in_a_conversation_take_the_encoding_ask_takes_on_the_model(make_smollm2_cache, monkeypatch,
+                                                                            tmp_path, encoding):
+    measured = document_settings.settings_for("smollm2-135m")
+    monkeypatch.setattr(document_settings, "settings_for", lambda model: dataclasses.replace(
+        measured, fast=dataclasses.replace(measured.fast, encoding=encoding)))
+    cache = make_smollm2_cache(n_ctx=2048, store=tmp_path / "store")  # a store of its own: nothing found
+    docs = [cache.add_document("The Calder Light was kept by Agnes Moir from 1931 to 1962.", name="light"),
+            cache.add_document("The Kessel viaduct is 212 metres long.", name="viaduct")]
+    encoded = cache.documents_encoded
+    cache.chat([{"role": "user", "content": "Who kept the light?"}], documents=docs, max_tokens=2)
+    # The conversation's preamble, then light after it; viaduct after it too ("preamble"), or after
+    # the preamble and light, its stand-in, computed as a context first ("library").
+    assert cache.documents_encoded - encoded == {"preamble": 3, "library": 4}[encoding]
 
 
 # Long enough turns that the ones after an edit hold runs worth moving (pc_cpu.pml.chat.MIN_MOVED_TOKENS).

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from pc_cpu import document_settings
 from pc_cpu.document_settings import setting
 from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.documents import SavedCells
@@ -12,7 +15,7 @@ from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError,
 from pc_cpu.pml.documents import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
                                   with_recompute)
 from pc_cpu.pml.recompute import parse_policy
-from pc_cpu.kvstate import native, state_blob
+from pc_cpu.kvstate import native, ops, state_blob
 from tests.engine.test_scaffold import layer0_keys
 
 PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
@@ -163,8 +166,7 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     cached = cached_logits(cache, QUESTION, [other, doc])
     preamble_blob, _ = cache.documents.encoder.preamble_blob(prompt.preamble)
     other_blob, _ = cache.documents.encoder.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
-    impl = native if native.available() else state_blob
-    work.state_set(0, state_blob.restream(impl.splice([preamble_blob, other_blob, in_place_blob]), work.n_stream))
+    work.state_set(0, ops.restore_blob([preamble_blob, other_blob, in_place_blob], work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     computed_there = work.logits()
     work.seq_rm(0)
@@ -298,8 +300,10 @@ def test_remove_document_frees_its_files_and_leaves_the_others(cache_with_store,
     gone = cache.add_document(FUJI, name="fuji")
     cache.ask(QUESTION, documents=["fuji"], system="Answer briefly.", max_tokens=2)  # another system message
     labels = lambda: sorted(k.label for k in cache.store.tiers[1].keys())  # noqa: E731
-    # fuji: after the preamble, after paris (its stand-in, encoding="library"), and after the other preamble
-    assert labels().count(f"document {gone}") == 3
+    # fuji: after the preamble, after the other preamble, and after paris (its stand-in) where the
+    # model's questions take encoding="library"
+    stand_in = document_settings.settings_for(cache.model.path.name).fast.encoding == "library"
+    assert labels().count(f"document {gone}") == 2 + stand_in
     cache.remove_document("fuji")
     assert f"document {gone}" not in labels() and f"document {keep}" in labels()
     assert not (tmp_path / "store" / "documents" / f"{gone}.json").exists()
@@ -545,8 +549,17 @@ def test_add_document_gives_the_id_and_the_tiers_that_served_it(make_cache, tmp_
     assert again == added and again.tiers == {added: "disk"}
 
 
-def test_add_document_prepares_every_place_a_prompt_can_give_the_document(cache_with_store):
+def _model_encoding(cache, monkeypatch, encoding: str) -> None:
+    """Makes `encoding` the one questions over documents take on this cache's model by default."""
+    measured = document_settings.settings_for(cache.model.path.name)
+    fast = dataclasses.replace(measured.fast, encoding=encoding)
+    monkeypatch.setattr(document_settings, "settings_for",
+                        lambda model: dataclasses.replace(measured, fast=fast))
+
+
+def test_add_document_prepares_every_place_a_prompt_can_give_the_document(cache_with_store, monkeypatch):
     cache = cache_with_store()
+    _model_encoding(cache, monkeypatch, "library")
     paris, fuji = cache.add_document(PARIS), cache.add_document(FUJI)
     encoded = cache.documents_encoded
     for documents in ([paris, fuji], [fuji, paris]):
@@ -554,6 +567,24 @@ def test_add_document_prepares_every_place_a_prompt_can_give_the_document(cache_
             result = cache.ask(QUESTION, documents=documents, max_tokens=2, prefix="off", encoding=encoding)
             assert "encoded" not in result.tiers.values(), (documents, encoding)
     assert cache.documents_encoded == encoded
+
+
+def test_on_a_model_that_asks_after_the_preamble_add_document_computes_that_encoding_alone(cache_with_store,
+                                                                                           monkeypatch):
+    # SmolLM2 and Gemma 3 answer best after the preamble alone: a stand-in encoding would triple add's cost for nothing.
+    cache = cache_with_store()
+    _model_encoding(cache, monkeypatch, "preamble")
+    paris = cache.add_document(PARIS)
+    encoded = cache.documents_encoded
+    fuji = cache.add_document(FUJI)
+    assert cache.documents_encoded == encoded + 1  # fuji after the preamble; not after paris too
+    result = cache.ask(QUESTION, documents=[paris, fuji], max_tokens=2, prefix="off")
+    assert "encoded" not in result.tiers.values()
+    asked = cache.ask(QUESTION, documents=[paris, fuji], max_tokens=2, prefix="off", encoding="library")
+    # On first use, then stored: the stand-in context (the preamble and paris) and fuji after it.
+    assert asked.tiers[fuji] == "encoded" and cache.documents_encoded == encoded + 3
+    again = cache.ask(QUESTION, documents=[paris, fuji], max_tokens=2, prefix="off", encoding="library")
+    assert again.tiers[fuji] != "encoded" and again.token_ids == asked.token_ids
 
 
 def test_a_document_after_a_stand_in_gets_other_cells_and_the_same_prompt_tokens(cache_with_store):
