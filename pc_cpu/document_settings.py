@@ -87,8 +87,9 @@ TABLE: dict[str, ModelDocuments] = {
     # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --task nq --split odd --n 100 --threads 1
     #     --policy 0 --policy relevant:1 --encoding library --encoding preamble   (full prefill 57.0%; relevant:1
     #     -4.0 [-11.0, +2.0] at 4.2x; the preamble encoding -17.0 [-28.0, -7.0], as at n = 300 before (-17.3);
-    #     KV retrieval, n = 100: -8.0 [-15.0, -2.0] at 6.5x, relevant:1 +2.0 [-3.0, +7.0] at 3.0x; measured
-    #     2026-12-04 at commit 4724a78, the library of every item's documents in a random order)
+    #     measured 2026-12-04 at commit 4724a78, the library of every item's documents in a random order;
+    #     KV retrieval, the same command with --task kv --n 300 (all 250 odd items), 2026-12-04 at commit
+    #     30e9d9e: -6.8 [-11.2, -2.4] at 6.3x, relevant:1 +2.8 [-0.8, +6.0] at 3.0x)
     "qwen2.5-coder-0.5b": ModelDocuments(
         fast=DocumentSetting("0", vs_full_pts=+2.0, interval=(-6.0, 10.0), speedup=20.7, n=100),
         # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 1 --n 100 --split odd --task nq
