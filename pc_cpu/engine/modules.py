@@ -140,9 +140,10 @@ class ModuleCache:
             return False
         store_key = self.key_of(layout, key)
         jobs = home_jobs(layout, key, self.mode)
-        runs, shift = encoding_runs(layout, key, self.mode), self.shift_of(layout, key)
-        if any(job.after is not None for job in jobs) or self._lookup(layout, key, store_key, runs, shift) is not None:
+        # Existence only: `ensure` reads and checks the entry when it restores it (a damaged one is then computed).
+        if any(job.after is not None for job in jobs) or self.store.contains(store_key):
             return False
+        runs, shift = encoding_runs(layout, key, self.mode), self.shift_of(layout, key)
         blobs = [workspace.compute(job, self.ctx.n_stream, on_computed) for job in jobs]
         self.encoded += 1
         self._save_blobs(store_key, blobs, runs, shift)
