@@ -103,29 +103,17 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from pc_cpu.errors import CompileError, PromptError
+from pc_cpu.pml.schema import (RESERVED_NAMES, ROLES, XML_NAME, ModuleNode, ParamNode, RoleNode, TextNode,
+                               UnionNode, render_schema)
 from pc_cpu.pml.text import NOT_XML, check_xml_chars, escape_attribute, escape_text
 
-ROLES = ("system", "user", "assistant")
-RESERVED_NAMES = frozenset({"prompt", "schema", "union", "param", "scaffold", *ROLES})
-_XML_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _LITERAL_NAME_CHARS = 32
 SUPPORTED = ("supported: string literals, f-strings of declared params, `if`/`elif`/`else` and `match` "
              "on a parameter, `with system:`/`with user:`/`with assistant:`, calls to @prompt_program "
              "functions, `pass`")
 
 
-# --- the intermediate tree -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TextNode:
-    value: str  # verbatim, unescaped
-
-
-@dataclass(frozen=True)
-class ParamNode:
-    name: str
-    length: int  # tokens reserved for the argument
-
+# --- the compiled tree: the schema's own nodes, and when each module is imported ----------------
 
 @dataclass(frozen=True)
 class Condition:
@@ -172,33 +160,31 @@ class NestedCall:
 
 
 @dataclass(frozen=True)
-class ModuleNode:
-    name: str
-    children: tuple["Node", ...]
-    # None: imported whenever its parent is; in a UnionNode, None marks the else branch.
+class Selection:
+    """When the prompt imports a module of the compiled schema, and with which arguments."""
+
+    # None: imported whenever its parent is; in a union, None marks the else branch.
     condition: Condition | None = None
     # Set for a nested program: conditions and params below see the callee's arguments.
     call: NestedCall | None = None
 
-
-@dataclass(frozen=True)
-class UnionNode:
-    members: tuple[ModuleNode, ...]  # the prompt imports the first member whose condition holds
+    def holds(self, arguments: Mapping[str, Any]) -> bool:
+        return self.condition is None or self.condition.holds(arguments)
 
 
-@dataclass(frozen=True)
-class RoleNode:
-    role: str  # one of ROLES
-    children: tuple["Node", ...]
-
-
-Node = TextNode | ParamNode | ModuleNode | UnionNode | RoleNode
+Node = TextNode | ParamNode | ModuleNode | UnionNode | RoleNode  # what a program body compiles to
 
 
 @dataclass(frozen=True)
 class CompiledSchema:
+    """A program's schema as pc_cpu.pml.schema nodes, with the rule that selects each module.
+
+    A node's `line` is the line of the program's Python source it came from, not a PML line.
+    """
+
     name: str
     children: tuple[Node, ...]
+    selections: Mapping[str, Selection]  # module name -> when it is imported
 
 
 # --- public API --------------------------------------------------------------------------------
@@ -262,23 +248,23 @@ class PromptProgram:
             PromptError: the arguments do not fit the signature or XML.
         """
         arguments = self.bind_arguments(*args, **kwargs)
-        body = render_imports(self.schema.children, arguments)
+        body = render_imports(self.schema, arguments)
         return CompiledPrompt(self.schema.name, body, self.schema_pml)
 
     @functools.cached_property
     def schema(self) -> CompiledSchema:
         """The compiled tree (compiled on first use)."""
-        compiler = _BodyCompiler(self, _NameRegistry(), active=())
-        children = compiler.compile_body(in_module=None)
+        build = _SchemaBuild()
+        children = _BodyCompiler(self, build, active=()).compile_body(in_module=None)
         if not children:
             raise self._source.error(self._source.function, f"prompt program {self.name!r} has no text; "
                                      "note that a string that is the first statement is the docstring")
-        return CompiledSchema(self.name, children)
+        return CompiledSchema(self.name, children, MappingProxyType(build.selections))
 
     @functools.cached_property
     def schema_pml(self) -> str:
         """The whole `<schema>` document."""
-        return render_schema(self.schema)
+        return render_schema(self.schema.name, self.schema.children)
 
     @functools.cached_property
     def _source(self) -> "_ProgramSource":
@@ -353,7 +339,7 @@ def _check_definition(program: PromptProgram) -> None:
     """Raises CompileError when the name, params or signature cannot make a schema."""
     code = getattr(program.function, "__code__", None)
     where = {"filename": getattr(code, "co_filename", None), "line": getattr(code, "co_firstlineno", None)}
-    if not isinstance(program.name, str) or not _XML_NAME.match(program.name):
+    if not isinstance(program.name, str) or not XML_NAME.match(program.name):
         raise CompileError(f"prompt program name {program.name!r} is not an XML name; pass name= with "
                            "letters, digits, '_', '-', '.', starting with a letter or '_'", **where)
     for parameter in program.signature.parameters.values():
@@ -378,7 +364,11 @@ class _ProgramSource:
     function: ast.FunctionDef
 
     def error(self, node: ast.AST, message: str) -> CompileError:
-        return CompileError(message, filename=self.filename, line=self.first_line + node.lineno - 1)
+        return CompileError(message, filename=self.filename, line=self.line(node))
+
+    def line(self, node: ast.AST) -> int:
+        """Returns the line of `filename` that `node` starts on."""
+        return self.first_line + node.lineno - 1
 
     def body(self) -> list[ast.stmt]:
         """Returns the statements to compile: without the docstring and a final bare return."""
@@ -429,27 +419,40 @@ class _Scope:
     params_seen: set[str] = field(default_factory=set)  # params already in this module's own text
 
 
-class _NameRegistry:
-    """Hands out module names unique within one schema, in document order."""
+class _SchemaBuild:
+    """What the compilers of one schema share: module names, union numbers, and each module's Selection."""
 
     def __init__(self) -> None:
         self._taken: set[str] = set()
+        self._unions = 0
+        self.selections: dict[str, Selection] = {}
 
     def claim(self, base: str) -> str:
+        """Returns `base`, or `base-2`, `base-3`... : the first name not taken yet in document order."""
         name, suffix = base, 2
         while name in self._taken:
             name, suffix = f"{base}-{suffix}", suffix + 1
         self._taken.add(name)
         return name
 
+    def union_name(self) -> str:
+        """Returns the name the PML parser gives the next unnamed union (numbered where it opens)."""
+        self._unions += 1
+        return f"#union{self._unions}"
+
+    def module(self, name: str, children: tuple[Node, ...], line: int, selection: Selection) -> ModuleNode:
+        """Returns the module node, keeping when it is imported."""
+        self.selections[name] = selection
+        return ModuleNode(name, children, line)
+
 
 class _BodyCompiler:
     """Compiles one program's body; a nested program gets its own compiler sharing the names."""
 
-    def __init__(self, program: PromptProgram, names: _NameRegistry, active: tuple[PromptProgram, ...]):
+    def __init__(self, program: PromptProgram, build: _SchemaBuild, active: tuple[PromptProgram, ...]):
         self.program = program
         self.source = program._source
-        self.names = names
+        self.build = build
         self.active = active + (program,)  # programs being compiled, to refuse recursion
 
     def compile_body(self, *, in_module: str | None) -> tuple[Node, ...]:
@@ -486,7 +489,7 @@ class _BodyCompiler:
         if bad is not None:
             raise self.source.error(at, f"text holds {bad.group()!r}, which XML cannot carry; remove control "
                                         "characters")
-        return TextNode(value)
+        return TextNode(value, self.source.line(at))
 
     def fstring(self, node: ast.JoinedStr, scope: _Scope) -> tuple[Node, ...]:
         parts = tuple(self.fstring_part(value, node) for value in node.values)
@@ -494,10 +497,10 @@ class _BodyCompiler:
         if not params:
             return parts
         if scope.module is None:  # PML params live in modules: give this text its own
-            name = self.names.claim(f"{self.program.name}-" + "-".join(_name_part(p) for p in params))
+            name = self.build.claim(f"{self.program.name}-" + "-".join(_name_part(p) for p in params))
             scope = _Scope(name, scope.role)
             self.claim_params(params, scope, node)
-            return (ModuleNode(name, parts),)
+            return (self.build.module(name, parts, self.source.line(node), Selection()),)
         self.claim_params(params, scope, node)
         return parts
 
@@ -520,7 +523,7 @@ class _BodyCompiler:
         if name not in self.program.params:
             raise self.source.error(at, f"f-string placeholder {{{name}}} is not declared as a param; add "
                                         f"{name!r}: <tokens> to @prompt_program(params=...)")
-        return ParamNode(name, self.program.params[name])
+        return ParamNode(name, self.program.params[name], self.source.line(at))
 
     def claim_params(self, params: list[str], scope: _Scope, node: ast.AST) -> None:
         for param in params:
@@ -541,16 +544,18 @@ class _BodyCompiler:
             current = rest[0] if len(rest) == 1 and isinstance(rest[0], ast.If) else None
             if current is None and rest:  # a final else
                 branches.append((None, rest, rest[0]))
+        union = self.build.union_name() if len(branches) > 1 else ""
         members = tuple(self.conditional_module(condition, body, at, scope,
                                                 else_of=branches[0][0].param)
                         for condition, body, at in branches)
-        return members[0] if len(members) == 1 else UnionNode(members)
+        return members[0] if not union else UnionNode(union, members, self.source.line(node))
 
     def match(self, node: ast.Match, scope: _Scope) -> UnionNode:
         subject = node.subject
         if not isinstance(subject, ast.Name) or subject.id not in self.program.signature.parameters:
             raise self.source.error(node, f"`match {ast.unparse(subject)}`: match on a bare parameter of "
                                           f"{self.program.name!r}")
+        union = self.build.union_name()
         members = []
         for case in node.cases:
             if case.guard is not None:
@@ -560,7 +565,7 @@ class _BodyCompiler:
             condition = None if values is None else Condition(subject.id, values)
             members.append(self.conditional_module(condition, case.body, case.pattern, scope,
                                                    else_of=subject.id))
-        return UnionNode(tuple(members))
+        return UnionNode(union, tuple(members), self.source.line(node))
 
     def case_values(self, pattern: ast.pattern) -> tuple[Any, ...] | None:
         """Returns the literals a case matches; None for the wildcard `case _`."""
@@ -587,12 +592,12 @@ class _BodyCompiler:
 
     def conditional_module(self, condition: Condition | None, body: list[ast.stmt], at: ast.AST,
                            scope: _Scope, *, else_of: str) -> ModuleNode:
-        name = self.names.claim(_condition_name(self.program.name, condition, else_of))
+        name = self.build.claim(_condition_name(self.program.name, condition, else_of))
         children = self.block(body, _Scope(name, scope.role))
         if not children:
             raise self.source.error(at, f"the branch that makes module {name!r} has no text; a PML module "
                                         "cannot be empty: add text or drop the branch")
-        return ModuleNode(name, children, condition)
+        return self.build.module(name, children, self.source.line(at), Selection(condition))
 
     def condition(self, test: ast.expr) -> Condition:
         if isinstance(test, ast.Name):
@@ -652,12 +657,12 @@ class _BodyCompiler:
         nested = NestedCall(callee, tuple(self.call_argument(a, call) for a in call.args),
                             tuple((k.arg, self.call_argument(k.value, call)) for k in call.keywords))
         self.check_binds(nested, call)
-        name = self.names.claim(callee.name)
-        children = _BodyCompiler(callee, self.names, self.active).compile_body(in_module=name)
+        name = self.build.claim(callee.name)
+        children = _BodyCompiler(callee, self.build, self.active).compile_body(in_module=name)
         if not children:
             raise self.source.error(call, f"prompt program {callee.name!r} has no text; a PML module cannot "
                                           "be empty (a string that is the first statement is the docstring)")
-        return ModuleNode(name, children, call=nested)
+        return self.build.module(name, children, self.source.line(call), Selection(call=nested))
 
     def resolve_callee(self, call: ast.Call) -> PromptProgram:
         described = ast.unparse(call.func)
@@ -706,7 +711,7 @@ class _BodyCompiler:
             inside = f"module {scope.module!r}" if scope.module is not None else f"role {scope.role!r}"
             raise self.source.error(node, f"`with {role}:` inside {inside}; chat roles are allowed only at the "
                                           "top level of the outermost program")
-        return RoleNode(role, self.block(node.body, _Scope(None, role)))
+        return RoleNode(role, self.block(node.body, _Scope(None, role)), self.source.line(node))
 
 
 _MISSING = object()
@@ -794,53 +799,35 @@ def _name_part(value: Any) -> str:
 
 # --- rendering ---------------------------------------------------------------------------------
 
-def render_schema(schema: CompiledSchema) -> str:
-    """Returns the `<schema>` PML of a compiled tree (compact: no whitespace is added)."""
-    return f"<schema name=\"{escape_attribute(schema.name)}\">{_render_nodes(schema.children)}</schema>"
+def render_imports(schema: CompiledSchema, arguments: Mapping[str, Any]) -> str:
+    """Returns the prompt imports of the modules of `schema` that `arguments` select."""
+    return _Imports(schema.selections).of(schema.children, arguments)
 
 
-def _render_nodes(nodes: tuple[Node, ...]) -> str:
-    return "".join(_render_node(node) for node in nodes)
+@dataclass(frozen=True)
+class _Imports:
+    selections: Mapping[str, Selection]
 
+    def of(self, nodes: tuple[Node, ...], arguments: Mapping[str, Any]) -> str:
+        return "".join(self.of_node(node, arguments) for node in nodes)
 
-def _render_node(node: Node) -> str:
-    if isinstance(node, TextNode):
-        return escape_text(node.value)
-    if isinstance(node, ParamNode):
-        return f"<param name=\"{escape_attribute(node.name)}\" len=\"{node.length}\"/>"
-    if isinstance(node, ModuleNode):
-        return f"<module name=\"{escape_attribute(node.name)}\">{_render_nodes(node.children)}</module>"
-    if isinstance(node, UnionNode):
-        return f"<union>{_render_nodes(node.members)}</union>"
-    return f"<{node.role}>{_render_nodes(node.children)}</{node.role}>"
+    def of_node(self, node: Node, arguments: Mapping[str, Any]) -> str:
+        if isinstance(node, RoleNode):  # roles are not imported; the modules inside them are
+            return self.of(node.children, arguments)
+        if isinstance(node, UnionNode):
+            chosen = next((m for m in node.members if self.selections[m.name].holds(arguments)), None)
+            return "" if chosen is None else self.module(chosen, arguments)
+        if isinstance(node, ModuleNode):
+            return self.module(node, arguments) if self.selections[node.name].holds(arguments) else ""
+        return ""  # text and params are in the schema: nothing to import
 
-
-def render_imports(nodes: tuple[Node, ...], arguments: Mapping[str, Any]) -> str:
-    """Returns the prompt imports of the modules that `arguments` select among `nodes`."""
-    return "".join(_render_import(node, arguments) for node in nodes)
-
-
-def _render_import(node: Node, arguments: Mapping[str, Any]) -> str:
-    if isinstance(node, RoleNode):  # roles are not imported; the modules inside them are
-        return render_imports(node.children, arguments)
-    if isinstance(node, UnionNode):
-        chosen = next((m for m in node.members if _selected(m, arguments)), None)
-        return "" if chosen is None else _import_module(chosen, arguments)
-    if isinstance(node, ModuleNode):
-        return _import_module(node, arguments) if _selected(node, arguments) else ""
-    return ""  # text and params are in the schema: nothing to import
-
-
-def _selected(module: ModuleNode, arguments: Mapping[str, Any]) -> bool:
-    return module.condition is None or module.condition.holds(arguments)
-
-
-def _import_module(module: ModuleNode, arguments: Mapping[str, Any]) -> str:
-    own_arguments = module.call.bind(arguments) if module.call is not None else arguments
-    attributes = "".join(f" {param.name}=\"{escape_attribute(_argument_text(module, param, own_arguments))}\""
-                         for param in module.children if isinstance(param, ParamNode))
-    inner = render_imports(module.children, own_arguments)
-    return f"<{module.name}{attributes}>{inner}</{module.name}>" if inner else f"<{module.name}{attributes}/>"
+    def module(self, module: ModuleNode, arguments: Mapping[str, Any]) -> str:
+        call = self.selections[module.name].call
+        own_arguments = call.bind(arguments) if call is not None else arguments
+        attributes = "".join(f" {param.name}=\"{escape_attribute(_argument_text(module, param, own_arguments))}\""
+                             for param in module.children if isinstance(param, ParamNode))
+        inner = self.of(module.children, own_arguments)
+        return f"<{module.name}{attributes}>{inner}</{module.name}>" if inner else f"<{module.name}{attributes}/>"
 
 
 def _argument_text(module: ModuleNode, param: ParamNode, arguments: Mapping[str, Any]) -> str:

@@ -27,12 +27,13 @@ from typing import Union
 
 from pc_cpu.errors import PromptCacheError, SchemaError
 from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
+from pc_cpu.pml.text import escape_attribute, escape_text
 from pc_cpu.pml.xmltree import Element, Text, parse_xml, restore_newlines
 
 ROLES = ("system", "user", "assistant")
 RESERVED_NAMES = frozenset({"prompt", "schema", "union", "param", "scaffold", *ROLES})
 MAX_PARAM_LEN = 4096
-_XML_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+XML_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _LEADING_INDENT = re.compile(r"^[ \t]*\r?\n[ \t]*")
 _TRAILING_INDENT = re.compile(r"\r?\n[ \t]*$")
 
@@ -103,6 +104,35 @@ def walk(children: tuple[Child, ...]):
             yield from walk(node.children)
 
 
+def render_schema(name: str, children: tuple[Child, ...]) -> str:
+    """Returns the compact `<schema>` PML that parse_schema reads back as these nodes (lines aside).
+
+    No whitespace is added and text keeps its newlines as references, so nothing is trimmed on the
+    way back. A union named by the parser (`#union<n>`, unnamed in its source) is written unnamed.
+    """
+    return f"<schema name=\"{escape_attribute(name)}\">{_render(children)}</schema>"
+
+
+def _render(children: tuple[Child, ...]) -> str:
+    return "".join(_render_node(node) for node in children)
+
+
+def _render_node(node: Child) -> str:
+    if isinstance(node, TextNode):
+        return escape_text(node.text)
+    if isinstance(node, ParamNode):
+        return f"<param name=\"{escape_attribute(node.name)}\" len=\"{node.length}\"/>"
+    if isinstance(node, ModuleNode):
+        policy = "" if node.recompute is None else f" recompute=\"{escape_attribute(str(node.recompute))}\""
+        return f"<module name=\"{escape_attribute(node.name)}\"{policy}>{_render(node.children)}</module>"
+    if isinstance(node, UnionNode):
+        name = "" if node.name.startswith("#") else f" name=\"{escape_attribute(node.name)}\""
+        return f"<union{name}>{_render(node.members)}</union>"
+    if isinstance(node, ScaffoldNode):
+        return f"<scaffold name=\"{escape_attribute(node.name)}\">{_render(node.children)}</scaffold>"
+    return f"<{node.role}>{_render(node.children)}</{node.role}>"
+
+
 def normalize_text(text: str) -> str:
     """Returns `text` without XML indentation (see the module docstring)."""
     if not text.strip() and "\n" in text:
@@ -114,7 +144,7 @@ def check_name(name: str | None, *, what: str, line: int) -> str:
     """Returns `name` if it can name a module, schema or param; raises SchemaError otherwise."""
     if not name:
         raise SchemaError(f"<{what}> needs a name attribute, e.g. <{what} name=\"docs\">", line=line)
-    if not _XML_NAME.match(name):
+    if not XML_NAME.match(name):
         raise SchemaError(f"{what} name {name!r} is not an XML name; use letters, digits, '_', '-', '.' "
                           "and start with a letter or '_'", line=line)
     if what == "module" and name in RESERVED_NAMES:

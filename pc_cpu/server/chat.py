@@ -24,7 +24,7 @@ from typing import Collection, Sequence
 
 from pc_cpu.errors import PromptError
 from pc_cpu.pml.text import NOT_XML, escape_attribute
-from pc_cpu.pml.text import escape_text as pml_escape
+from pc_cpu.pml.text import escape_text
 
 ROLE_TAGS = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -63,7 +63,7 @@ def messages_to_pml(schema: str, messages: Sequence[Message], *, import_names: C
         found, text = split_imports(message.text, import_names, where=f"message {index}")
         imports += [raw for raw in found if raw not in imports]
         if text.strip():
-            turns.append(f"<{tag}>{escape_text(text.strip())}</{tag}>")
+            turns.append(f"<{tag}>{cleaned_text(text.strip())}</{tag}>")
     return f'<prompt schema="{escape_attribute(schema, "the schema name")}">{"".join(imports)}{"".join(turns)}</prompt>'
 
 
@@ -85,13 +85,13 @@ def split_imports(text: str, import_names: Collection[str], *, where: str = "mes
     return imports, "".join(rest)
 
 
-def escape_text(text: str) -> str:
+def cleaned_text(text: str) -> str:
     """Returns a chat message's text as PML character data (pc_cpu.pml.text.escape_text) after cleaning it.
 
     Chat clients' text is cleaned first, as the other chat paths see it: line ends become "\n",
     and characters XML cannot carry (most C0 controls) are dropped rather than refused.
     """
-    return pml_escape(NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n")))
+    return escape_text(NOT_XML.sub("", text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 def _next_import(text: str, pos: int, import_names: Collection[str]) -> re.Match | None:

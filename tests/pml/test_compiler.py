@@ -557,3 +557,38 @@ def test_compiled_pml_is_accepted_by_the_schema_parser_and_the_planner(program, 
     prompt = program(*args).with_user("A question?")
     layout = build_layout(parse_schema(prompt.schema_pml), _ByteTokenizer(), PLAIN_MARKUP)
     build_plan(layout, parse_prompt(prompt), _ByteTokenizer(), PLAIN_MARKUP)
+
+
+@pytest.mark.parametrize("program", [trip, tone, conditions, twice, chat, same_names, escaped])
+def test_the_compiled_tree_is_the_schema_parsers_own_tree(program):
+    """The compiler builds pc_cpu.pml.schema's nodes: parsing its PML gives the same modules, unions and params."""
+    from pc_cpu.pml import schema as pml_schema
+
+    def shape(nodes):  # node kinds and names, in order; text runs may be split differently
+        out = []
+        for node in nodes:
+            if isinstance(node, pml_schema.TextNode):
+                continue
+            assert type(node).__module__ == "pc_cpu.pml.schema"
+            name = getattr(node, "name", None) or getattr(node, "role", None)
+            inner = node.members if isinstance(node, pml_schema.UnionNode) else getattr(node, "children", ())
+            out.append((type(node).__name__, name, shape(inner)))
+        return out
+
+    compiled = program.schema
+    parsed = pml_schema.parse_schema(program.schema_pml)
+    assert shape(compiled.children) == shape(parsed.children)
+    text = lambda nodes: "".join(n.text for n in pml_schema.walk(nodes) if isinstance(n, pml_schema.TextNode))
+    assert text(compiled.children) == text(parsed.children)
+    modules = [n.name for n in pml_schema.walk(compiled.children) if isinstance(n, pml_schema.ModuleNode)]
+    assert sorted(compiled.selections) == sorted(modules)
+
+
+def test_compiled_nodes_carry_the_programs_source_lines():
+    import inspect
+
+    lines, first = inspect.getsourcelines(trip.function)
+    module_lines = {n.name: n.line for n in trip.schema.children if hasattr(n, "line") and hasattr(n, "name")}
+    assert module_lines
+    for line in module_lines.values():
+        assert first <= line < first + len(lines)

@@ -9,7 +9,7 @@ import pytest
 from pc_cpu.errors import PMLSyntaxError, PromptCacheError, SchemaError
 from pc_cpu.pml.prompt import parse_prompt
 from pc_cpu.pml.schema import (MAX_PARAM_LEN, RESERVED_NAMES, ModuleNode, ParamNode, RoleNode, ScaffoldNode,
-                               TextNode, UnionNode, normalize_text, parse_schema, walk)
+                               TextNode, UnionNode, normalize_text, parse_schema, render_schema, walk)
 from pc_cpu.pml import xmltree
 from pc_cpu.pml.xmltree import MAX_DEPTH
 from tests.pml.conftest import TRIP
@@ -63,6 +63,44 @@ def test_trip_schema_parses_into_the_expected_tree():
         TextNode("Bye", 0),
     )
     assert not schema.uses_roles()
+
+
+def without_lines(nodes):
+    """Returns `nodes` with every line set to 0, at every depth."""
+    out = []
+    for node in nodes:
+        if isinstance(node, UnionNode):
+            node = dataclasses.replace(node, members=without_lines(node.members))
+        elif not isinstance(node, (TextNode, ParamNode)):
+            node = dataclasses.replace(node, children=without_lines(node.children))
+        out.append(dataclasses.replace(node, line=0))
+    return tuple(out)
+
+
+EVERY_KIND = """<schema name="all">
+  <system>Be brief &amp; exact.&#10;Say "why" &lt;here&gt;.</system>
+  <module name="a" recompute="head:4">A <param name="p" len="3"/> tab	end</module>
+  <union><module name="b">B</module><module name="c">C</module></union>
+  <union name="named"><module name="d" recompute="10%">D</module></union>
+  <scaffold name="s"><module name="e">E</module> between </scaffold>
+  <user>Q&#10;&#10;</user>
+</schema>"""
+
+
+def test_a_rendered_schema_parses_back_to_the_same_nodes():
+    schema = parse_schema(EVERY_KIND)
+    rendered = render_schema(schema.name, schema.children)
+    again = parse_schema(rendered)
+    assert again.name == "all"
+    assert without_lines(again.children) == without_lines(schema.children)
+    assert render_schema(again.name, again.children) == rendered
+
+
+def test_render_writes_a_parser_named_union_unnamed_and_keeps_given_names():
+    rendered = render_schema("x", parse_schema(EVERY_KIND).children)
+    assert "<union><module name=\"b\">" in rendered
+    assert "<union name=\"named\">" in rendered
+    assert "#union" not in rendered
 
 
 def test_text_nodes_carry_the_line_where_the_text_starts():

@@ -6,7 +6,7 @@ import pytest
 
 from pc_cpu.errors import PromptError
 from pc_cpu.pml.prompt import parse_prompt
-from pc_cpu.server.chat import Message, escape_text, messages_to_pml, split_imports
+from pc_cpu.server.chat import Message, cleaned_text, messages_to_pml, split_imports
 
 NAMES = {"doc", "plan", "tokyo", "paris"}
 
@@ -63,5 +63,5 @@ def test_split_imports_keeps_nested_imports_of_the_same_name_balanced():
     assert imports == ["<plan><plan/></plan>"] and rest == "tail"
 
 
-def test_escape_text_drops_characters_xml_cannot_carry():
-    assert escape_text("a\x00b\x1fc\td") == "abc\td"
+def test_cleaned_text_drops_characters_xml_cannot_carry():
+    assert cleaned_text("a\x00b\x1fc\td") == "abc\td"
