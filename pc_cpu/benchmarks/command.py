@@ -437,6 +437,8 @@ def relocation(model, threads, quick, as_json, count, timing_only):
               help="Questions whose line in the data file is odd (report) or even (tune).")
 @click.option("--n", "count", type=click.IntRange(1), default=300, show_default=True, help="Items per model.")
 @click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="Documents per question.")
+@click.option("--per-document", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="NQ passages or KV pairs in each document, one per line (6: NQ prompts of ~4K tokens).")
 @click.option("--max-tokens", type=click.IntRange(1), default=None, help="Answer length (default 24 NQ, 128 KV).")
 @click.option("--encoding", "encodings", multiple=True, type=click.Choice(["library", "preamble"]),
               help="What each document is encoded after besides the system message (ask(encoding=...); "
@@ -453,8 +455,8 @@ def relocation(model, threads, quick, as_json, count, timing_only):
                    "replacing this bench's section.")
 @quick_option
 @json_option
-def documents_accuracy(models, threads, policies, orders, task, split, count, docs, max_tokens, encodings, library, out,
-                       summaries, results, quick, as_json):
+def documents_accuracy(models, threads, policies, orders, task, split, count, docs, per_document, max_tokens,
+                       encodings, library, out, summaries, results, quick, as_json):
     """Documents against the full prefill: `ask` variants paired with use_cache=False, accuracy and TTFT.
 
     Example: pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 --n 300
@@ -470,7 +472,8 @@ def documents_accuracy(models, threads, policies, orders, task, split, count, do
         job = da.AccuracyJob(models=tuple(models) or (None,), policies=tuple(policies) or ("0",),
                              orders=tuple(orders) or ("given",), task=task, split=split,
                              n=10 if quick else count, docs=docs, threads=threads, max_tokens=max_tokens or 0,
-                             encodings=tuple(encodings) or ("library",), library=library)
+                             encodings=tuple(encodings) or ("library",), library=library,
+                             per_document=per_document)
         with ExitStack() as stack:
             path = Path(out) if out else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "answers.jsonl"
             with _bar(len(job.models) * job.n, "documents accuracy", as_json) as progress:

@@ -4,7 +4,9 @@
         --order given --n 300 --split odd --out q05_odd.jsonl --results bench/RESULTS.md
 
 Each item is a question over 5 documents in a random order (NQ: the gold passage and 4 other
-questions' gold passages; KV retrieval: 5 key-value pairs, one per document). Its documents are
+questions' gold passages; KV retrieval: 5 key-value pairs, one per document). With `--per-document K`
+each document holds K passages or pairs instead of one (5 NQ documents of 6 passages: a prompt of
+~4K tokens; 5 KV documents of 6 pairs: 30 pairs), recorded as the task "nq 6/doc" or "kv 6/doc". Its documents are
 added with `add_document`, then the question is asked through `PromptCache.ask`: once as the
 baseline (`use_cache=False`, a full prefill of the same tokens) per order, and once per
 (recompute policy, order) variant with the cache. Answers, correctness and `Result.ttft_ms` go to a
@@ -69,6 +71,7 @@ class AccuracyJob:
     max_tokens: int = 0  # 0: 24 for NQ, 128 for KV (the small models restate the key first)
     encodings: tuple[str, ...] = ("library",)  # ask(encoding=...) of the cached variants
     library: str = "shuffled"  # LIBRARIES: how the library holding the items' documents is built
+    per_document: int = 1  # NQ passages or KV pairs per document
 
     @property
     def answer_tokens(self) -> int:
@@ -87,27 +90,45 @@ class Question:
     gold_index: int
 
 
-def questions(task: str, split: str, n: int, docs: int) -> list[Question]:
-    """Returns the first `n` items of the split, drawn deterministically (the same arguments, the same items)."""
+def questions(task: str, split: str, n: int, docs: int, per_document: int = 1) -> list[Question]:
+    """Returns the first `n` items of the split, drawn deterministically (the same arguments, the same items).
+
+    Each of the `docs` documents holds `per_document` passages (NQ) or pairs (KV), one per line;
+    `gold_index` is the document holding the gold one.
+    """
     if task not in TASKS or split not in SPLITS:
         raise ValueError(f"task {task!r} / split {split!r}: use one of {TASKS} / {SPLITS}")
+    if per_document < 1:
+        raise ValueError(f"per_document={per_document}: a document holds at least one passage or pair")
     keep = (lambda i: True) if split == "all" else (lambda i: i % 2 == (1 if split == "odd" else 0))
     if task == "kv":
         records = load_kv()
-        return [_kv_question(it) for it in kv_items(records, docs, len(records)) if keep(it.index)][:n]
+        items = kv_items(records, docs * per_document, len(records))
+        return [_kv_question(it, per_document) for it in items if keep(it.index)][:n]
     nq = load_nq()
-    return [_nq_question(it) for it in doc_items(nq, docs, len(nq), seed=0) if keep(it.index)][:n]
+    return [_nq_question(it, per_document) for it in doc_items(nq, docs * per_document, len(nq), seed=0)
+            if keep(it.index)][:n]
 
 
-def _nq_question(item: DocItem) -> Question:
-    texts = tuple(passage_text(p) for p in item.passages)
-    return Question(item.index, NQ_SYSTEM, texts, item.question, item.answers, item.gold_index)
+def _grouped(lines: list[str], per_document: int) -> tuple[str, ...]:
+    return tuple("\n".join(lines[i:i + per_document]) for i in range(0, len(lines), per_document))
 
 
-def _kv_question(item: KVItem) -> Question:
-    texts = tuple(f'"{k}": "{v}"' for k, v in item.pairs)
+def _nq_question(item: DocItem, per_document: int = 1) -> Question:
+    texts = _grouped([passage_text(p) for p in item.passages], per_document)
+    return Question(item.index, NQ_SYSTEM, texts, item.question, item.answers, item.gold_index // per_document)
+
+
+def _kv_question(item: KVItem, per_document: int = 1) -> Question:
+    texts = _grouped([f'"{k}": "{v}"' for k, v in item.pairs], per_document)
     return Question(item.index, KV_SYSTEM, texts, f'Key: "{item.key}"\nCorresponding value:', (item.value,),
-                    item.gold_index)
+                    item.gold_index // per_document)
+
+
+def task_label(record: dict) -> str:
+    """Returns the task a record's row goes by: "nq", "kv", or e.g. "nq 6/doc" with several passages per document."""
+    per_document = record.get("per_document", 1)
+    return record["task"] if per_document == 1 else f"{record['task']} {per_document}/doc"
 
 
 def read_records(path: Path) -> list[dict]:
@@ -119,7 +140,7 @@ def read_records(path: Path) -> list[dict]:
 
 
 def _done(records: list[dict]) -> set[tuple]:
-    return {(r["model"], r["index"], r["order"], r["policy"], _encoding(r)) for r in records}
+    return {(r["model"], task_label(r), r["index"], r["order"], r["policy"], _encoding(r)) for r in records}
 
 
 def _encoding(record: dict) -> str:
@@ -142,7 +163,7 @@ def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda
 
     if job.library not in LIBRARIES:
         raise ValueError(f"library {job.library!r}: use one of {LIBRARIES}")
-    items = questions(job.task, job.split, job.n, job.docs)
+    items = questions(job.task, job.split, job.n, job.docs, job.per_document)
     records = read_records(out)
     done = _done(records)
     with out.open("a", encoding="utf-8") as sink:
@@ -172,9 +193,10 @@ def _shuffled_library(pc, items: list[Question]) -> dict[str, str]:
 def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple],
             library: dict[str, str] | None) -> Iterator[dict]:
     """Yields the records of one item not yet in `done`: a baseline per order, then each variant."""
+    task = task_label({"task": job.task, "per_document": job.per_document})
     wanted = [(order, policy, encoding) for order in job.orders for policy in (FULL, *job.policies)
               for encoding in ((ANY,) if policy in (FULL, *REPEATED) else job.encodings)
-              if (model, item.index, order, policy, encoding) not in done]
+              if (model, task, item.index, order, policy, encoding) not in done]
     if not wanted:
         return
     ids = ([library[text] for text in item.documents] if library is not None
@@ -190,6 +212,7 @@ def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple],
                                 use_cache=not baseline, recompute=None if baseline else policy, order=order,
                                 prefix="off", encoding="library" if baseline else encoding)
             yield {"model": model, "task": job.task, "index": item.index, "gold_index": item.gold_index,
+                   "per_document": job.per_document,
                    "order": order, "policy": policy, "encoding": encoding, "library": job.library,
                    "correct": correct(result.text, item.answers),
                    "text": result.text, "ttft_ms": result.ttft_ms, "uncached_tokens": result.uncached_tokens,
@@ -243,11 +266,11 @@ class Row:
 
 def summarize(records: list[dict]) -> list[Row]:
     """Returns a Row per (model, task, order, policy), paired with that order's full prefill on the same items."""
-    full = {(r["model"], r["task"], r["order"], r["index"]): r for r in records if r["policy"] == FULL}
+    full = {(r["model"], task_label(r), r["order"], r["index"]): r for r in records if r["policy"] == FULL}
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        if r["policy"] != FULL and (r["model"], r["task"], r["order"], r["index"]) in full:
-            groups.setdefault((r["model"], r["task"], r["order"], variant(r)), []).append(r)
+        if r["policy"] != FULL and (r["model"], task_label(r), r["order"], r["index"]) in full:
+            groups.setdefault((r["model"], task_label(r), r["order"], variant(r)), []).append(r)
     rows = []
     for (model, task, order, policy), rs in groups.items():
         base = [full[(model, task, order, r["index"])] for r in rs]

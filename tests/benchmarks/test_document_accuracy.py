@@ -124,6 +124,30 @@ def test_kv_items_put_one_pair_in_each_document(tmp_path, monkeypatch):
         da.questions("kv", "third", 10, 5)
 
 
+def test_several_pairs_per_document_keep_the_gold_pair_in_the_gold_document(tmp_path, monkeypatch):
+    with gzip.open(tmp_path / "kv-retrieval-75_keys.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i in range(4):
+            pairs = [[f"k{i}-{j}", f"v{i}-{j}"] for j in range(75)]
+            f.write(json.dumps({"ordered_kv_records": pairs, "key": f"k{i}-7", "value": f"v{i}-7"}) + "\n")
+    monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
+    for q in da.questions("kv", "all", 4, 5, per_document=6):
+        assert len(q.documents) == 5 and all(len(d.splitlines()) == 6 for d in q.documents)  # 30 pairs
+        gold = f'"{q.answers[0].replace("v", "k", 1)}": "{q.answers[0]}"'
+        assert [gold in d.splitlines() for d in q.documents].count(True) == 1 and gold in q.documents[q.gold_index]
+    with pytest.raises(ValueError, match="per_document"):
+        da.questions("kv", "all", 4, 5, per_document=0)
+
+
+def test_runs_with_several_passages_per_document_are_their_own_rows(nq_data, tiny_model_path, tmp_path, capsys):
+    rows = _run(tiny_model_path, tmp_path, capsys, "--per-document", "2")
+    records = da.read_records(tmp_path / "answers.jsonl")
+    assert {r["per_document"] for r in records} == {2} and {row["task"] for row in rows} == {"nq 2/doc"}
+    assert all(len(r["documents"]) == 5 for r in records)
+    single = _run(tiny_model_path, tmp_path, capsys)  # the same file: one passage per document is another run
+    assert {row["task"] for row in single} == {"nq", "nq 2/doc"}
+    assert len(da.read_records(tmp_path / "answers.jsonl")) == 2 * len(records)
+
+
 def test_a_policy_documents_cannot_use_is_refused_before_the_model_loads(capsys):
     code, _, err = run_main(["bench", "documents", "accuracy", "--model", "/nowhere.gguf", "--policy", "select:10%"],
                             capsys)
