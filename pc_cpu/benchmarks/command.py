@@ -145,34 +145,7 @@ policies_option = click.option(
     help=f"Recompute policy to measure (repeatable; default: {' '.join(DEFAULT_POLICIES)}; forms: pc-cpu run --help).")
 
 
-class _RecomputeGroup(click.Group):
-    """The `recompute` group; a command line of the single command it replaced (options, no subcommand) still works.
-
-    Older command lines in bench/RESULTS.md ran `pc-cpu bench recompute --n 200 ...` (now `run`) and
-    `pc-cpu bench recompute --summary A --versus B` (now `summarize A --versus B`).
-    """
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0].startswith("-") and args[0] not in ("--help", "-h"):
-            args = legacy_recompute_args(args)
-        return super().parse_args(ctx, args)
-
-
-def legacy_recompute_args(args: list[str]) -> list[str]:
-    """Returns the subcommand line an old `bench recompute` command line means: `summarize` with --summary, else `run`."""
-    files, rest = [], []
-    it = iter(args)
-    for arg in it:
-        if arg == "--summary":
-            files.append(next(it, ""))
-        elif arg.startswith("--summary="):
-            files.append(arg.partition("=")[2])
-        else:
-            rest.append(arg)
-    return ["summarize", *files, *rest] if files else ["run", *rest]
-
-
-@bench.group(cls=_RecomputeGroup)
+@bench.group()
 def recompute() -> None:
     """Recompute policies: exact match and agreement vs the full prefill (NQ or KV, paired), TTFT at long prompts.
 
@@ -258,27 +231,18 @@ def recompute_run(model, threads, quick, as_json, count, task, docs, policies, s
               help="Write the Pareto plot (PNG) here (needs --ttft-json).")
 @click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
               help="The plot's label: how the answers' modules were encoded.")
-@click.option("--task", type=click.Choice(["nq", "kv"]), default="nq", show_default=True,
-              help="With --docs and --n, only for answer files of older runs, which lack the gold passage's "
-                   "position: NQ items are drawn again (same seed) to find it.")
-@click.option("--docs", type=click.IntRange(2, 20), default=5, show_default=True, help="See --task.")
-@click.option("--n", "count", type=click.IntRange(0), default=200, show_default=True, help="See --task.")
 @versus_option
 @json_option
-def recompute_summarize(answer_files, policies, ttft_json, plot, encoding, task, docs, count, versus_files, as_json):
+def recompute_summarize(answer_files, policies, ttft_json, plot, encoding, versus_files, as_json):
     """Summarize answer files of `run` (several runs' files together): one row per policy, paired.
 
     A question answered twice (by two runs) counts once.
 
     Example: pc-cpu bench recompute summarize a.jsonl b.jsonl --ttft-json ttft.json --plot pareto.png
     """
-    from pc_cpu.benchmarks import evaldata, recompute as rc
+    from pc_cpu.benchmarks import recompute as rc
 
     answers = rc.read_answers(answer_files)
-    if task == "nq" and any(a.gold_index < 0 for a in answers):
-        # Older answer files lack the gold position: the items are drawn again (same seed) to find it.
-        items = evaldata.doc_items(evaldata.load_nq(), docs, count, seed=0)
-        answers = rc.with_gold_positions(answers, {i.index: i.gold_index for i in items})
     ttft = json.loads(Path(ttft_json).read_text())["ttft"] if ttft_json else None
     text, data = _recompute_report(answers, list(policies) or rc.policies_in(answers), ttft, plot, encoding,
                                    versus_files)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from pc_cpu.benchmarks import workloads
 from pc_cpu.benchmarks.accuracy import Task, gap_fillers
@@ -40,7 +40,7 @@ class Answer:
     same_as_baseline: bool
     ttft_ms: float
     recomputed_share: float  # of the module tokens, computed again for this prompt
-    gold_index: int = -1  # where the gold passage is (-1: not recorded, in files of older runs)
+    gold_index: int = -1  # where the gold passage is (-1: not recorded; such answers have no row by position)
 
 
 def answer_item(cache, item, policies, *, task: Task, max_tokens: int, gap_passages: tuple = (),
@@ -196,25 +196,19 @@ def versus_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def with_gold_positions(answers: list[Answer], gold_of: dict[int, int]) -> list[Answer]:
-    """Returns the answers with gold_index filled in from `gold_of` (question index -> position) where missing."""
-    return [a if a.gold_index >= 0 else replace(a, gold_index=gold_of.get(a.index, -1)) for a in answers]
-
-
 def by_position_markdown(answers: list[Answer], policies) -> str:
     """Returns exact-match counts per gold-passage position (questions answered under every policy)."""
     wanted = ("baseline", *policies)
     by_index: dict[int, dict[str, Answer]] = {}
     for a in answers:
         by_index.setdefault(a.index, {})[a.policy] = a
-    complete = [got for got in by_index.values() if all(p in got for p in wanted)]
+    complete = [got for got in by_index.values() if all(p in got for p in wanted) and got["baseline"].gold_index >= 0]
     positions = sorted({got["baseline"].gold_index for got in complete})
     lines = ["| gold position | n | " + " | ".join(wanted) + " |", "|---" * (len(wanted) + 2) + "|"]
     for pos in positions:
         rows = [got for got in complete if got["baseline"].gold_index == pos]
         cells = [str(sum(got[p].em for got in rows)) for p in wanted]
-        label = pos + 1 if pos >= 0 else "?"
-        lines.append(f"| {label} | {len(rows)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {pos + 1} | {len(rows)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

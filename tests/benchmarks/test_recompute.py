@@ -90,13 +90,14 @@ def test_a_bad_policy_is_refused_before_the_model_loads():
 def test_positions_table_counts_exact_matches_per_gold_position():
     from dataclasses import replace
 
-    from pc_cpu.benchmarks.recompute import by_position_markdown, with_gold_positions
+    from pc_cpu.benchmarks.recompute import by_position_markdown
 
-    answers = _answers("baseline", [True, True, False]) + _answers("0", [False, True, False])
-    answers = with_gold_positions(answers, {0: 0, 1: 1, 2: 1})
-    answers[1] = replace(answers[1], gold_index=1)  # a recorded position is kept as it is
+    answers = _answers("baseline", [True, True, False, True]) + _answers("0", [False, True, False, True])
+    gold = {0: 0, 1: 1, 2: 1, 3: -1}  # question 3's position was not recorded: it has no row
+    answers = [replace(a, gold_index=gold[a.index]) for a in answers]
     table = by_position_markdown(answers, ["0"])
     assert "| 1 | 1 | 1 | 0 |" in table and "| 2 | 2 | 1 | 1 |" in table
+    assert "?" not in table and len(table.splitlines()) == 4
 
 
 def test_kv_items_are_swept_with_every_policy_paired_on_one_encoding(make_cache):
@@ -181,23 +182,14 @@ def test_compare_gives_each_policys_paired_difference_to_the_other_run(tmp_path)
     assert missing.exit_code != 0 and "--versus" in missing.output
 
 
-def test_an_old_command_line_still_means_run_or_summarize():
-    from pc_cpu.benchmarks.command import legacy_recompute_args
-
-    assert legacy_recompute_args(["--n", "200", "--policy", "0", "--out", "a.jsonl"]) == \
-        ["run", "--n", "200", "--policy", "0", "--out", "a.jsonl"]
-    assert legacy_recompute_args(["--summary", "a.jsonl", "--summary=b.jsonl", "--versus", "c.jsonl", "--json"]) == \
-        ["summarize", "a.jsonl", "b.jsonl", "--versus", "c.jsonl", "--json"]
-
-
-def test_an_old_summary_with_versus_gives_the_summary_and_the_paired_difference(tmp_path):
+def test_a_summary_with_versus_gives_the_summary_and_the_paired_difference(tmp_path):
     from click.testing import CliRunner
 
     from pc_cpu.benchmarks.command import bench
 
     mine, other = _two_runs(tmp_path)
 
-    result = CliRunner().invoke(bench, ["recompute", "--summary", mine, "--versus", other])
+    result = CliRunner().invoke(bench, ["recompute", "summarize", mine, "--versus", other])
 
     assert result.exit_code == 0, result.output
     assert "| 0 | 3 |" in result.output  # the summary's row of policy 0 over its 3 questions
