@@ -27,11 +27,13 @@ from dataclasses import dataclass
 
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import OnComputed
+from pc_cpu.engine.encoder import OnComputed, Workspace
 from pc_cpu.engine.relocate import move
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
+from pc_cpu.pml.encoding import EncodeJob
+from pc_cpu.pml.layout import Run
 from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.kvstate import ops
 from pc_cpu.store.documents import document_label, prefix_label
@@ -56,6 +58,7 @@ class DocumentEncoder:
         self.prompts = prompts
         self.library = library  # where several runs are recomputed in one pass (_recompute_in_library); None: never
         self.workspace = workspace  # an empty stream of `prompts` where encodings are computed
+        self.computer = Workspace(prompts, workspace)
         self.store = store
         self.cells = CellStore(prompts, store)
         self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
@@ -92,14 +95,7 @@ class DocumentEncoder:
         stored = self._stored(key, (0, len(preamble)))
         if stored is not None:
             return stored
-        seq = self.workspace
-        self.prompts.seq_rm(seq)
-        try:
-            self.prompts.decode(preamble, range(len(preamble)), seq, logits_last=False)
-            blob = self._save(key, seq, len(preamble), (0, len(preamble)))
-        finally:
-            self.prompts.seq_rm(seq)
-        return blob, Tier.ENCODED
+        return self._computed(key, EncodeJob(key.label, Run(0, preamble), ())), Tier.ENCODED
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
                       key: StoreKey | None = None, on_computed: OnComputed | None = None,
@@ -118,17 +114,8 @@ class DocumentEncoder:
         preamble_cells, preamble_tier = self.preamble_blob(preamble)
         if served is not None:
             served[PREAMBLE] = preamble_tier
-        seq = self.workspace
-        try:
-            # The preamble restored, not recomputed: the same bytes either way, and no time spent on them.
-            self.prompts.state_set(seq, ops.restream(preamble_cells, self.prompts.n_stream))
-            self.prompts.decode(tokens, range(home, home + len(tokens)), seq, logits_last=False,
-                                after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
-            self.prompts.seq_rm(seq, 0, home)
-            blob = self._save(key, seq, len(tokens), (home, home + len(tokens)))
-        finally:
-            self.prompts.seq_rm(seq)
-        return blob, Tier.ENCODED
+        job = EncodeJob(key.label, Run(home, tokens), preamble)
+        return self._computed(key, job, on_computed, context_cells=preamble_cells), Tier.ENCODED
 
     def prefix_blob(self, key: StoreKey, n_tokens: int) -> tuple[bytes, Tier] | None:
         """Returns the stored exact prefix of `n_tokens` cells (positions 0..n-1) and its tier, or None."""
@@ -139,21 +126,20 @@ class DocumentEncoder:
 
         Not counted in `encoded`: a prefix is no preamble or document (a warm store still encodes none).
         """
-        return self._put(key, slot, n_tokens, (0, n_tokens))
+        return self.cells.put(key, slot, n_tokens, (0, n_tokens))
 
     def _stored(self, key: StoreKey, positions: tuple[int, int]) -> tuple[bytes, Tier] | None:
         """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses)."""
         return self.cells.get(key, positions)
 
-    def _save(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
-        """Returns the cells of workspace `seq` as a one-stream blob, after writing them to the byte tiers."""
-        blob = self._put(key, seq, n_tokens, positions)
+    def _computed(self, key: StoreKey, job: EncodeJob, on_computed: OnComputed | None = None, *,
+                  context_cells: bytes | None = None) -> bytes:
+        """Returns the job's run computed after its context (Workspace.compute), after storing it under `key`."""
+        blob = self.computer.compute(job, 1, on_computed, context_cells=context_cells)
+        blob = bytes(ops.with_sequence(blob, 0))  # as CellStore.put saves a stream: the bytes of any stream
+        self.cells.put_blobs(key, [blob], len(job.run.tokens), (job.run.start, job.run.end))
         self.encoded += 1
         return blob
-
-    def _put(self, key: StoreKey, seq: int, n_tokens: int, positions: tuple[int, int]) -> bytes:
-        """Returns the cells of stream `seq` as a one-stream blob, after writing them to the byte tiers under `key`."""
-        return self.cells.put(key, seq, n_tokens, positions)
 
     # --- assembly -------------------------------------------------------------------
 

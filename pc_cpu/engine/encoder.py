@@ -35,10 +35,14 @@ class Workspace:
     ctx: Context
     seq: int
 
-    def compute(self, job: EncodeJob, n_stream: int, on_computed: OnComputed | None = None) -> bytes:
+    def compute(self, job: EncodeJob, n_stream: int, on_computed: OnComputed | None = None, *,
+                context_cells: bytes | None = None) -> bytes:
         """Returns the state blob, in a layout of `n_stream` streams, of the job's run computed after its context.
 
-        The workspace is empty before and after.
+        This is where every segment computed apart gets its cells: a schema's module runs, and a
+        document's preamble and the document after it (pc_cpu.engine.documents). `context_cells`:
+        the context's own cells (a one-stream blob, as computed here), restored instead of
+        computed again: the same bytes, none of the time. The workspace is empty before and after.
         """
         work, seq = self.ctx, self.seq
         run = job.run
@@ -46,7 +50,9 @@ class Workspace:
         try:
             # The context in a batch of its own, then the run: the batches a full prefill split at the
             # run's start computes, and those of the preamble's own encoding (kernels round by batch).
-            if job.context:
+            if job.context and context_cells is not None:
+                work.state_set(seq, ops.restream(context_cells, work.n_stream))
+            elif job.context:
                 work.decode(job.context, range(job.first_position, run.start), seq, logits_last=False)
             work.decode(run.tokens, range(run.start, run.end), seq, logits_last=False,
                         after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
