@@ -31,7 +31,7 @@ from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
 from pc_cpu.result import AddedDocument, Tier
-from pc_cpu.store.documents import Document, DocumentLibrary, check_name, remove_document
+from pc_cpu.store.documents import Document, DocumentLibrary, check_name, remove_document, stand_ins_label
 from pc_cpu.store.tiers import TieredStore
 
 TOKENS_KEPT = 4096  # documents whose tokens are kept (~1 KB each at 150 tokens)
@@ -99,31 +99,32 @@ class Documents:
                 del self._tokens[next(iter(self._tokens))]
         return tokens
 
-    def before(self, docs: Sequence[Document]) -> dict[str, list[str]]:
-        """Returns, for each of `docs`, the texts of the documents the library added just before it (its stand-ins).
+    def before(self, docs: Sequence[Document]) -> dict[str, list[Document]]:
+        """Returns, for each of `docs`, the documents it is encoded after (its stand-ins, DocumentLibrary.stand_ins).
 
         Read under the façade's lock, as every library read.
         """
-        found = self.library.stand_ins(doc.id for doc in docs)
-        return {doc_id: [d.text for d in before] for doc_id, before in found.items()}
+        return self.library.stand_ins(doc.id for doc in docs)
 
     def stand_ins(self, texts: list[str], preamble: tuple[int, ...], tokens: tuple[int, ...]) -> tuple[int, ...]:
         """Returns the stand-in tokens of a document of `tokens` after `preamble`, from the texts added before it."""
         room = self.prompts.n_ctx - len(preamble) - len(tokens) - 1
         return stand_ins([self.tokens(text) for text in texts], room)
 
-    def after_stand_ins(self, prompt: DocumentPrompt, before: dict[str, list[str]]) -> DocumentPrompt:
+    def after_stand_ins(self, prompt: DocumentPrompt, before: dict[str, list[Document]]) -> DocumentPrompt:
         """Returns `prompt` with its documents encoded after their stand-ins (`before()`): encoding="library".
 
         The prompt's tokens do not change; only what each document's cells are computed after.
         """
         documents = [(doc.id, doc.tokens) for doc in prompt.documents]
-        after = {doc_id: self.stand_ins(before.get(doc_id, []), prompt.preamble, tokens) for doc_id, tokens in documents}
-        return layout_documents(prompt.preamble, documents, prompt.tail, after)
+        after = {doc_id: self.stand_ins([d.text for d in before.get(doc_id, [])], prompt.preamble, tokens)
+                 for doc_id, tokens in documents}
+        ids = {doc_id: tuple(d.id for d in before.get(doc_id, [])) for doc_id, _ in documents}
+        return layout_documents(prompt.preamble, documents, prompt.tail, after, ids)
 
     def prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                names: Sequence[str] | None = None, order: str = "given",
-               before: dict[str, list[str]] | None = None) -> DocumentPrompt:
+               before: dict[str, list[Document]] | None = None) -> DocumentPrompt:
         """Returns the layout of `question` over documents of these texts (see PromptCache.document_prompt).
 
         `before`: each document's stand-in texts by id (`before()`), for encoding="library"; None:
@@ -149,7 +150,7 @@ class Documents:
 
     def work(self, question: str, docs: Sequence[Document], *, names: Sequence[str], system: str | None, order: str,
              policy: RecomputePolicy, use_cache: bool, prefix: str = "off",
-             before: dict[str, list[str]] | None = None) -> DocumentWork:
+             before: dict[str, list[Document]] | None = None) -> DocumentWork:
         """Returns the question over `docs` (from `resolve`; `names` as the caller gave them) as the scheduler runs it.
 
         Only tokenizes the question (the documents' tokens are kept): it needs no context lock.
@@ -202,11 +203,12 @@ class Documents:
         """
         check_encoding(encoding)
         label = new.name or new.id
+        before = self.library.stand_ins([new.id])[new.id]
         after: tuple[int, ...] = ()
         if encoding == "library":
-            before = [d.text for d in self.library.stand_ins([new.id])[new.id]]
-            after = self.stand_ins(before, new.preamble, new.tokens)
+            after = self.stand_ins([d.text for d in before], new.preamble, new.tokens)
         contexts = (new.preamble, new.preamble + after) if after else (new.preamble,)
+        context_label = stand_ins_label(d.id for d in before)
         tracker = ProgressTracker(label, {new.id: len(new.tokens) * len(contexts)}, progress, kind="document")
 
         def report(n: int) -> None:
@@ -215,8 +217,9 @@ class Documents:
 
         preamble: dict[str, Tier] = {}
         tiers = [self.adder.document_blob(context, new.id, new.tokens, on_computed=pace(report),
-                                          served=None if i else preamble)[1] for i, context in enumerate(contexts)]
-        self.library.add(new.id, new.text, new.name)
+                                          served=None if i else preamble, context_label=context_label if i else None)[1]
+                 for i, context in enumerate(contexts)]
+        self.library.add(new.id, new.text, new.name, after=[d.id for d in before])
         tier = tiers[0]
         if Tier.ENCODED in tiers:
             tracker.finished(new.id)

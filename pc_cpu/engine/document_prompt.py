@@ -22,6 +22,7 @@ from pc_cpu.engine.documents import DocumentEncoder, SavedCells
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask, same_head
 from pc_cpu.pml.documents import DocumentPrompt
 from pc_cpu.result import PREAMBLE, Tier
+from pc_cpu.store.documents import stand_ins_label
 from pc_cpu.store.keys import StoreKey
 
 
@@ -61,7 +62,8 @@ class DocumentWork:
         pieces, tiers = [SavedCells(blob, 0)], {PREAMBLE: tier}
         for doc, key in zip(prompt.documents, doc_keys):
             context = doc.context(prompt.preamble)
-            blob, tier = encoder.document_blob(context, doc.id, doc.tokens, key)
+            label = stand_ins_label(doc.after_ids) if doc.after else None
+            blob, tier = encoder.document_blob(context, doc.id, doc.tokens, key, context_label=label)
             pieces.append(SavedCells(blob, doc.start - len(context)))
             tiers.setdefault(doc.id, tier)
         self._pieces = pieces

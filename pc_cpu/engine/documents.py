@@ -75,8 +75,9 @@ class DocumentEncoder:
 
     # --- keys -----------------------------------------------------------------------
 
-    def preamble_key(self, preamble: tuple[int, ...]) -> StoreKey:
-        return StoreKey(self.model_id, preamble_content(preamble), DOCUMENT_MODE, label="document preamble")
+    def preamble_key(self, preamble: tuple[int, ...], label: str | None = None) -> StoreKey:
+        """Returns the key of a preamble's cells; `label`: for a stand-in context, the documents it holds (stand_ins_label)."""
+        return StoreKey(self.model_id, preamble_content(preamble), DOCUMENT_MODE, label=label or "document preamble")
 
     def document_key(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...]) -> StoreKey:
         return StoreKey(self.model_id, document_content(preamble, tokens), DOCUMENT_MODE,
@@ -99,19 +100,20 @@ class DocumentEncoder:
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
                       key: StoreKey | None = None, on_computed: OnComputed | None = None,
-                      served: dict[str, Tier] | None = None) -> tuple[bytes, Tier]:
+                      served: dict[str, Tier] | None = None, context_label: str | None = None) -> tuple[bytes, Tier]:
         """Returns a document's cells, computed after `preamble` at its home, and the tier that served them.
 
         on_computed(n) hears of each decode batch of n document tokens; a document a tier holds
         is not computed, and it hears nothing. `served` gets the preamble's tier under PREAMBLE
         when the document is computed (only then are the preamble's cells needed).
+        `context_label`: the store label of `preamble` when it holds other documents (stand_ins_label).
         """
         home = len(preamble)
         key = key or self.document_key(preamble, doc_id, tokens)
         stored = self._stored(key, (home, home + len(tokens)))
         if stored is not None:
             return stored
-        preamble_cells, preamble_tier = self.preamble_blob(preamble)
+        preamble_cells, preamble_tier = self.preamble_blob(preamble, self.preamble_key(preamble, context_label))
         if served is not None:
             served[PREAMBLE] = preamble_tier
         job = EncodeJob(key.label, Run(home, tokens), preamble)

@@ -177,6 +177,7 @@ class PlacedDocument:
     # What its cells are computed after, besides the preamble (stand_ins): () for the first document,
     # which the prompt places at its home, where the full prefill computes it after the preamble alone.
     after: tuple[int, ...] = ()
+    after_ids: tuple[str, ...] = ()  # the documents `after` was taken from, oldest first (they label its cells)
 
     @property
     def end(self) -> int:
@@ -253,16 +254,18 @@ def order_documents(documents: list[tuple[str, tuple[int, ...]]], question: tupl
 
 
 def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],
-                     tail: tuple[int, ...], after: dict[str, tuple[int, ...]] | None = None) -> DocumentPrompt:
+                     tail: tuple[int, ...], after: dict[str, tuple[int, ...]] | None = None,
+                     after_ids: dict[str, tuple[str, ...]] | None = None) -> DocumentPrompt:
     """Returns the DocumentPrompt that places `documents` ((id, tokens) pairs) back to back after the preamble.
 
     `after`: each document's stand-ins (stand_ins) by id, used by every document but the first;
-    None or a missing id: encoded after the preamble alone.
+    None or a missing id: encoded after the preamble alone. `after_ids`: the documents they came from.
     """
     placed, position = [], len(preamble)
     for i, (doc_id, tokens) in enumerate(documents):
         standing = (after or {}).get(doc_id, ()) if i else ()
-        placed.append(PlacedDocument(doc_id, tokens, position, standing))
+        ids = (after_ids or {}).get(doc_id, ()) if standing else ()
+        placed.append(PlacedDocument(doc_id, tokens, position, standing, ids))
         position += len(tokens)
     return DocumentPrompt(preamble, tuple(placed), tail)
 

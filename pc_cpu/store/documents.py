@@ -83,10 +83,24 @@ def prefix_label(doc_ids: Iterable[str]) -> str:
     return " ".join([PREFIX_LABEL, *doc_ids])
 
 
-def prefix_documents(label: str) -> tuple[str, ...]:
-    """Returns the ids of the documents an exact prefix's label names (prefix_label), or () for any other label."""
+STAND_INS_LABEL = "document stand-ins"  # then the ids of the documents whose tokens its cells hold
+
+
+def stand_ins_label(doc_ids: Iterable[str]) -> str:
+    """Returns the store label of a stand-in context (pc_cpu.pml.documents.stand_ins) made of these documents.
+
+    It names every one of them, so that removing any of them removes the context too: its cells hold that text.
+    """
+    return " ".join([STAND_INS_LABEL, *doc_ids])
+
+
+def held_documents(label: str) -> tuple[str, ...]:
+    """Returns the ids of the documents whose text an entry of `label` holds besides its own: () for most labels.
+
+    Exact prefixes (prefix_label) and stand-in contexts (stand_ins_label) hold other documents' cells.
+    """
     words = label.split(" ")
-    return tuple(words[2:]) if " ".join(words[:2]) == PREFIX_LABEL else ()
+    return tuple(words[2:]) if " ".join(words[:2]) in (PREFIX_LABEL, STAND_INS_LABEL) else ()
 
 
 def labelled_document(label: str) -> str | None:
@@ -111,7 +125,8 @@ def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleSto
     Used by PromptCache.remove_document (every tier) and `pc-cpu store rm` (the disk tier, no model
     loaded). A document id whose library entry is gone still matches the encodings labelled with it,
     so a library file lost by hand does not leave its encodings behind for good. The exact
-    prefixes holding the document (prefix_label) go with it: their cells hold its text too.
+    prefixes and stand-in contexts holding the document (held_documents) go with it: their cells
+    hold its text too.
     """
     try:
         doc = library.resolve(id_or_name) if library is not None else None
@@ -121,7 +136,7 @@ def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleSto
     label = document_label(doc_id)
     removed = 0
     for tier in tiers:
-        for key in [k for k in tier.keys() if k.label == label or doc_id in prefix_documents(k.label)]:
+        for key in [k for k in tier.keys() if k.label == label or doc_id in held_documents(k.label)]:
             removed += bool(tier.remove(key))
     if doc is None and not removed:
         return None
@@ -171,6 +186,9 @@ class Document:
     text: str
     names: list[str] = field(default_factory=list)
     added: float = 0.0  # unix seconds
+    # The documents it was encoded after (its stand-ins, pc_cpu.pml.documents.stand_in_places) when it was
+    # added, oldest first; None in files written before they were recorded.
+    after: list[str] | None = None
 
 
 class DocumentLibrary:
@@ -246,10 +264,21 @@ class DocumentLibrary:
         """Returns, per id, the documents it is encoded after (pc_cpu.pml.documents.stand_in_places), oldest first.
 
         A document not in the library takes the place the next one added would.
+        A document keeps the stand-ins recorded when it was added while they all are in the
+        library, so removing an unrelated document does not change what its stored encoding was
+        computed after (its encoding would miss, and be computed again by the next question).
+        Once one of them is removed, its places in the library as it is now decide.
         """
         docs = self.all()  # sorted once for all of them: a question's TTFT pays for it
         places = {d.id: i for i, d in enumerate(docs)}
-        return {doc_id: [docs[i] for i in stand_in_places(places.get(doc_id, len(docs)))] for doc_id in doc_ids}
+
+        def of(doc_id: str) -> list[Document]:
+            recorded = getattr(self._docs.get(doc_id), "after", None)
+            if recorded is not None and all(other in self._docs for other in recorded):
+                return [self._docs[other] for other in recorded]
+            return [docs[i] for i in stand_in_places(places.get(doc_id, len(docs)))]
+
+        return {doc_id: of(doc_id) for doc_id in doc_ids}
 
     def resolve(self, id_or_name: str) -> Document:
         """Returns the document with this id, or the one this name is an alias of.
@@ -270,8 +299,10 @@ class DocumentLibrary:
     def _find(self, id_or_name: str) -> Document | None:
         return self._docs.get(id_or_name) or next((d for d in self._docs.values() if id_or_name in d.names), None)
 
-    def add(self, doc_id: str, text: str, name: str | None) -> Document:
+    def add(self, doc_id: str, text: str, name: str | None, after: Iterable[str] | None = None) -> Document:
         """Returns the document of `text`, recording it (and `name` as an alias) if new.
+
+        `after`: the ids of the documents it was encoded after (stand_ins), kept with a new document.
 
         Checked and written under the library's lock against its files as they are then, so
         another process's documents and names count (see the module docstring).
@@ -286,7 +317,7 @@ class DocumentLibrary:
         check_name(name)
         with self._changing():
             self._check_room(doc_id, name)
-            return self._add(doc_id, text, name)
+            return self._add(doc_id, text, name, after)
 
     def check_room(self, doc_id: str, name: str | None) -> None:
         """Raises the DocumentError `add(doc_id, text, name)` would raise now, writing nothing.
@@ -321,10 +352,10 @@ class DocumentLibrary:
                 f"(max_documents={self.max_documents}); remove one first (remove_document, "
                 "DELETE /v1/documents/{id}, pc-cpu store rm) or raise max_documents (pc-cpu serve --max-documents)")
 
-    def _add(self, doc_id: str, text: str, name: str | None) -> Document:
+    def _add(self, doc_id: str, text: str, name: str | None, after: Iterable[str] | None = None) -> Document:
         doc = self._docs.get(doc_id)
         if doc is None:
-            doc = Document(doc_id, text, [], time.time())
+            doc = Document(doc_id, text, [], time.time(), None if after is None else list(after))
             self._docs[doc_id] = doc
         elif doc.text != text:  # two texts with one id: a hash prefix collision, never silently merged
             raise DocumentError(f"document id {doc_id} is already used by other text; this text cannot be "
@@ -368,8 +399,10 @@ class DocumentLibrary:
     def _save(self, doc: Document) -> None:
         if self.directory is None:
             return
-        data = json.dumps({"id": doc.id, "text": doc.text, "names": doc.names, "added": doc.added},
-                          ensure_ascii=False).encode("utf-8")
+        record = {"id": doc.id, "text": doc.text, "names": doc.names, "added": doc.added}
+        if doc.after is not None:
+            record["after"] = doc.after
+        data = json.dumps(record, ensure_ascii=False).encode("utf-8")
         try:
             write_atomically(self.directory / f"{doc.id}.json", [data])
         except OSError as exc:
@@ -386,9 +419,17 @@ def _read_document(path: Path) -> Document:
     """
     try:
         raw = json.loads(path.read_text("utf-8"))
-        doc = Document(raw["id"], raw["text"], list(raw.get("names", [])), float(raw.get("added", 0)))
+        doc = Document(raw["id"], raw["text"], list(raw.get("names", [])), float(raw.get("added", 0)),
+                       _recorded_after(raw.get("after")))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a document file: {exc!r}") from None
     if doc.id != path.stem or not isinstance(doc.text, str):
         raise ValueError("id or text does not match the file")
     return doc
+
+
+def _recorded_after(value) -> list[str] | None:
+    """Returns a file's recorded stand-in ids; None when absent or not a list of ids (its places decide then)."""
+    if isinstance(value, list) and all(isinstance(v, str) and v.startswith(_ID_PREFIX) for v in value):
+        return value
+    return None

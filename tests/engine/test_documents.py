@@ -314,6 +314,23 @@ def test_remove_document_frees_its_files_and_leaves_the_others(cache_with_store,
     assert cache.documents_encoded == encoded
 
 
+def test_removing_a_document_keeps_the_others_stand_in_encodings_and_drops_the_contexts_holding_it(cache_with_store):
+    cache = cache_with_store()
+    if document_settings.settings_for(cache.model.path.name).fast.encoding != "library":
+        pytest.skip("this model's questions do not take stand-ins")
+    ids = [cache.add_document(f"Note {i}: room {i} has {i * 3 + 2} chairs.") for i in range(9)]
+    question = dict(documents=[ids[4], ids[8]], max_tokens=2, prefix="off")
+    first = cache.ask(QUESTION, **question)
+    assert set(first.tiers.values()) <= {"ram", "disk"}  # add_document computed both encodings
+    cache.remove_document(ids[0])  # a stand-in of ids[1..7]; every later document's place moves down
+    labels = [key.label for tier in cache.store.tiers for key in tier.keys()]
+    assert not [label for label in labels if ids[0] in label]  # no cells of its text are left
+    encoded = cache.documents_encoded
+    again = cache.ask(QUESTION, **question)
+    assert cache.documents_encoded == encoded  # ids[8] keeps the stand-ins it was added after
+    assert again.token_ids == first.token_ids
+
+
 def test_a_library_three_times_the_context_loads_and_answers(cache_with_store):
     cache = cache_with_store(n_ctx=256)
     texts = [f"Note {i}: the meeting room {i} has {i * 3 + 2} chairs and a window facing {i % 4} o'clock."

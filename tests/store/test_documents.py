@@ -249,3 +249,56 @@ def test_a_document_s_stand_ins_are_the_ones_added_before_it_and_do_not_change_a
     assert [d.id for d in found["doc-new"]] == ids[4:8]  # not in the library: the place the next add takes
     library.add("doc-" + "f" * 16, "later", None)
     assert [d.id for d in library.stand_ins([ids[6]])[ids[6]]] == ids[:4]  # adding later changes nothing
+
+
+def test_recorded_stand_ins_survive_a_removal_elsewhere_and_a_reload_and_give_way_when_one_goes(tmp_path):
+    library = DocumentLibrary(tmp_path)
+    ids = [f"doc-{i:016x}" for i in range(9)]
+    for i, doc_id in enumerate(ids):
+        before = [d.id for d in library.stand_ins([doc_id])[doc_id]]  # as add_document records them
+        library.add(doc_id, f"text {i}", None, after=before)
+        time.sleep(0.002)
+    assert [d.id for d in library.stand_ins([ids[8]])[ids[8]]] == ids[4:8]
+    library.remove(ids[0])  # every later document's place moves down by one
+    reopened = DocumentLibrary(tmp_path)
+    assert [d.id for d in reopened.stand_ins([ids[8]])[ids[8]]] == ids[4:8]  # recorded, not the places now
+    reopened.remove(ids[5])  # one of its own stand-ins: the places as they are now decide
+    assert [d.id for d in reopened.stand_ins([ids[8]])[ids[8]]] == [ids[1], ids[2], ids[3], ids[4]]
+
+
+def test_a_document_file_without_recorded_stand_ins_reads_as_before(tmp_path):
+    import json
+
+    library = DocumentLibrary(tmp_path)
+    library.add("doc-" + "a" * 16, "first", None)
+    (tmp_path / ("doc-" + "b" * 16 + ".json")).write_text(json.dumps(
+        {"id": "doc-" + "b" * 16, "text": "second", "names": [], "added": time.time() + 1,
+         "after": "not a list"}), encoding="utf-8")
+    reopened = DocumentLibrary(tmp_path)
+    assert reopened.get("doc-" + "a" * 16).after is None and reopened.get("doc-" + "b" * 16).after is None
+    assert [d.id for d in reopened.stand_ins(["doc-" + "b" * 16])["doc-" + "b" * 16]] == ["doc-" + "a" * 16]
+
+
+def test_removing_a_document_takes_the_stand_in_contexts_and_prefixes_holding_it():
+    from pc_cpu.store.documents import prefix_label, remove_document, stand_ins_label
+    from pc_cpu.store.ram import RamStore
+    from tests.store.conftest import entry
+
+    a, b, c = ("doc-" + ch * 16 for ch in "abc")
+    library = DocumentLibrary(None)
+    for doc_id in (a, b, c):
+        library.add(doc_id, f"text {doc_id}", None)
+    tier = RamStore(1 << 20)
+    labelled = {stand_ins_label([a, b]): "context-ab", stand_ins_label([c]): "context-c",
+                prefix_label([b, c]): "prefix-bc", "document preamble": "preamble"}
+    for label, content in labelled.items():
+        tier.put(_keyed(content, label), entry(64))
+    removed = remove_document(library, [tier], b)
+    assert removed.encodings == 2
+    assert sorted(k.label for k in tier.keys()) == sorted([stand_ins_label([c]), "document preamble"])
+
+
+def _keyed(content: str, label: str):
+    from pc_cpu.store.keys import StoreKey
+
+    return StoreKey(model="model-A", content=content, mode="document", label=label)
