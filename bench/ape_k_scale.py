@@ -49,7 +49,7 @@ def scale_document_k(blob: memoryview, home: int, scale: float) -> None:
 @contextlib.contextmanager
 def k_scale(scale: float, home: int):
     """Scales documents' K in every prompt `ask` assembles while inside."""
-    original = engine_documents.DocumentEncoder._assembled
+    original = engine_documents.DocumentEncoder.assembled
 
     def scaled(self, pieces):
         view = original(self, pieces)
@@ -57,11 +57,11 @@ def k_scale(scale: float, home: int):
             scale_document_k(view, home, scale)
         return view
 
-    engine_documents.DocumentEncoder._assembled = scaled
+    engine_documents.DocumentEncoder.assembled = scaled
     try:
         yield
     finally:
-        engine_documents.DocumentEncoder._assembled = original
+        engine_documents.DocumentEncoder.assembled = original
 
 
 def main() -> None:

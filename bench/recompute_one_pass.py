@@ -64,7 +64,7 @@ def build_prompts(pc: PromptCache):
 def pieces_of(pc: PromptCache, prompt):
     work = DocumentWork(prompt, pc.documents.encoder, True)
     work.prepare()
-    return work._pieces
+    return work.pieces
 
 
 def build(pc: PromptCache, prompt, pieces, way: str) -> float:

@@ -205,7 +205,7 @@ def uncached_only_ms(pc, question, docs) -> float:
     pc.scheduler.drop_held()  # stream 0 is used by hand below
     work = DocumentWork(prompt, pc.documents.encoder, True)
     work.prepare()
-    pieces = work._pieces
+    pieces = work.pieces
     moved = [pc.documents.encoder.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
     pc.prompts.state_set(0, ops.restore_blob(moved, pc.prompts.n_stream))
     t0 = time.perf_counter()
@@ -252,10 +252,10 @@ def relocation(job: DocumentsBench) -> dict:
             pc.scheduler.drop_held()  # streams 0 and the workspace are used by hand below
             work = DocumentWork(prompt, pc.documents.encoder, True)
             work.prepare()
-            pieces = work._pieces
+            pieces = work.pieces
             # One pass, as `ask` assembles (into the encoder's reused buffer).
             t0 = time.perf_counter()
-            pc.prompts.state_set(0, pc.documents.encoder._assembled(pieces))
+            pc.prompts.state_set(0, pc.documents.encoder.assembled(pieces))
             one_pass_ms.append((time.perf_counter() - t0) * 1000)
             pc.prompts.seq_rm(0)
             # Two passes: relocate, then join (restore_blob), then one state_set.

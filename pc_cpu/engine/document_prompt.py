@@ -48,6 +48,11 @@ class DocumentWork:
     _exact: str | None = None  # STORED, HELD or COMPUTED once the exact prefix serves this prompt
     _exact_blob: bytes | None = None  # a STORED prefix's cells, until prefill restores them
 
+    @property
+    def pieces(self) -> list[SavedCells] | None:
+        """The saved cells `prepare` found or computed (the preamble's, then each document's), until prefill restores them."""
+        return self._pieces
+
     def positions(self) -> int:
         return self.prompt.end
 

@@ -64,7 +64,7 @@ class DocumentEncoder:
         self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
         self.model_id = prompts.model.info.fingerprint
         self.encoded = 0  # preambles and documents this instance computed
-        self._buffer = bytearray()  # the last prompt's assembled cells (_assembled), grown to the largest
+        self._buffer = bytearray()  # the last prompt's assembled cells (assembled), grown to the largest
 
     def check_supported(self) -> None:
         """Raises DocumentError when this model's cells cannot be moved (so documents cannot be placed)."""
@@ -152,7 +152,7 @@ class DocumentEncoder:
         """
         self.prompts.seq_rm(slot)
         if self.ropes is not None and not prompt.recomputed:
-            self.prompts.state_set(slot, self._assembled(pieces))
+            self.prompts.state_set(slot, self.assembled(pieces))
         elif not (prompt.recomputed and self._recompute_in_library(prompt, pieces, slot)):
             moved = [self.move(piece, slot) for piece in pieces]
             if prompt.recomputed:
@@ -194,7 +194,7 @@ class DocumentEncoder:
             self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
         return prompt.end
 
-    def _assembled(self, pieces: list[SavedCells], n_stream: int | None = None) -> memoryview:
+    def assembled(self, pieces: list[SavedCells], n_stream: int | None = None) -> memoryview:
         """Returns the restore blob of the pieces moved into place, in a buffer reused by the next prompt.
 
         One pass of the C library (pc_state_assemble): each piece is copied once, its K turned on
@@ -226,7 +226,7 @@ class DocumentEncoder:
         if self.library is None or len(prompt.recomputed) < 2:
             return False
         if self.ropes is not None:  # moved and joined in one pass of the C library, for the library's one stream
-            cached = self._assembled(pieces, self.library.ctx.n_stream)
+            cached = self.assembled(pieces, self.library.ctx.n_stream)
         else:
             cached = ops.restore_blob([self.move(piece, slot) for piece in pieces], self.library.ctx.n_stream)
         try:

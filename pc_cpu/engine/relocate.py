@@ -3,7 +3,7 @@
 Two ways, measured against each other by `pc-cpu bench documents relocation` (bench/RESULTS.md):
 - the C relocator (pc_cpu.kvstate.ops.relocate; numpy twin without libpc_native) rewrites a state
   blob's bytes: ~4x faster than llama.cpp's way, and the hot path (a document prompt
-  moves and splices its blobs in one pass of it: DocumentEncoder._assembled);
+  moves and splices its blobs in one pass of it: DocumentEncoder.assembled);
 - llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:
   the fallback for RoPEs the relocator does not know, and for sliding-window
   architectures whose second RoPE base was not checked (pc_cpu.engine.model.cache_ropes).

@@ -125,16 +125,16 @@ def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
     def pieces(docs):
         work = DocumentWork(_prompt(cache, QUESTION, docs), encoder, True)
         work.prepare()
-        return work._pieces
+        return work.pieces
 
     def steps(parts):
         moved = [encoder.move(p, empty=0) for p in parts]
         return bytes(state_blob.restream(state_blob.splice(moved), encoder.prompts.n_stream))
 
     small, large = pieces(ids[:1]), pieces([ids[2], ids[0], ids[1]])
-    held = encoder._assembled(small)
+    held = encoder.assembled(small)
     assert bytes(held) == steps(small)
-    assert bytes(encoder._assembled(large)) == steps(large)
+    assert bytes(encoder.assembled(large)) == steps(large)
 
 
 def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_store):
