@@ -157,6 +157,11 @@ class DocumentWork:
     def prefill_tail(self, slot: int, held: Head) -> int:
         prompts, prompt = self.encoder.prompts, self.prompt
         prompts.seq_rm(slot, prompt.tail_start, -1)
+        if self._exact == HELD and not self.encoder.store.contains(self._prefix_key):
+            # A slot kept the exact prefix that the tiers lost (evicted, or its documents removed and
+            # added again): stored again, so that a later "background" question, which looks for it
+            # there, finds it.
+            self.encoder.save_prefix(self._prefix_key, slot, prompt.tail_start)
         prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), slot)
         return prompt.end
 

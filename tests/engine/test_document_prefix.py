@@ -86,6 +86,17 @@ def test_background_answers_apart_then_computes_the_exact_prefix_when_idle(cache
     assert apart == ["prefill"] * 2 and again.token_ids == baseline(cache, OTHER, reordered).token_ids
 
 
+def test_a_prefix_a_slot_kept_after_the_tiers_lost_it_is_stored_again_for_the_next_question(cache):
+    key, _ = prefix_key(cache, QUESTION)
+    ask(cache, QUESTION, prefix="first")
+    for tier in cache.store.tiers:  # evicted, as a full RAM or disk budget would
+        tier.remove(key)
+    held = ask(cache, QUESTION, prefix="first")
+    assert set(held.tiers.values()) == {"context"} and cache.store.contains(key)
+    again = ask(cache, OTHER, prefix="background")  # looks in the tiers: finds it, and the slot still holds it
+    assert set(again.tiers.values()) == {"context"} and again.token_ids == baseline(cache, OTHER).token_ids
+
+
 def test_off_and_the_baseline_never_write_a_prefix(cache):
     for options in ({"prefix": "off"}, {"prefix": "off", "recompute": "all"}, {"use_cache": False},
                     {"use_cache": False, "prefix": "first"}):
