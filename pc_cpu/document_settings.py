@@ -84,14 +84,15 @@ TABLE: dict[str, ModelDocuments] = {
     #     --policy 0 --policy relevant:1   (full prefill 8.7%: a base model; relevant:1 +4.7 [+0.7, +8.7], 4.0x;
     #     measured 2026-12-03)
     "gemma3-270m": ModelDocuments(fast=_GEMMA_FAST, accurate=EXACT),
-    # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --task nq --split odd --n 100 --threads 1
-    #     --policy 0 --policy relevant:1 --encoding library --encoding preamble   (full prefill 57.0%; relevant:1
-    #     -4.0 [-11.0, +2.0] at 4.2x; the preamble encoding -17.0 [-28.0, -7.0], as at n = 300 before (-17.3);
-    #     measured 2026-12-04 at commit 4724a78, the library of every item's documents in a random order;
-    #     KV retrieval, the same command with --task kv --n 300 (all 250 odd items), 2026-12-04 at commit
-    #     30e9d9e: -6.8 [-11.2, -2.4] at 6.3x, relevant:1 +2.8 [-0.8, +6.0] at 3.0x)
+    # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --task nq --split odd --n 300 --threads 1
+    #     --policy 0 --policy relevant:1 --encoding library --encoding preamble   (full prefill 56.3%; relevant:1
+    #     -0.3 [-4.0, +3.7] at 4.4x; the preamble encoding -17.7 [-23.7, -11.7]; measured 2026-12-04/05 at
+    #     commit 0b1d6d6, the library of every item's documents in a random order;
+    #     KV retrieval, the same command with --task kv (all 250 odd items), 2026-12-04 at commit
+    #     30e9d9e: -6.8 [-11.2, -2.4] at 6.3x, relevant:1 +2.8 [-0.8, +6.0] at 3.0x; with --per-document 6
+    #     (30 pairs) --n 60 at commit bb69b0f: -3.3 [-15.0, +8.3] at 18.8x, relevant:1 -5.0 [-16.7, +6.7])
     "qwen2.5-coder-0.5b": ModelDocuments(
-        fast=DocumentSetting("0", vs_full_pts=+2.0, interval=(-6.0, 10.0), speedup=20.7, n=100),
+        fast=DocumentSetting("0", vs_full_pts=-3.0, interval=(-7.3, 1.0), speedup=19.6, n=300),
         # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 1 --n 100 --split odd --task nq
         #     --policy 0 --policy exact-ram   (every answer the full prefill's, text for text; measured 2026-12-04)
         accurate=replace(EXACT, speedup=20.0, n=100)),
