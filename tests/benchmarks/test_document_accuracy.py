@@ -109,12 +109,17 @@ def test_a_library_of_each_item_alone_is_added_and_removed_around_it(nq_data, ti
         da.run(da.AccuracyJob(models=(str(tiny_model_path),), library="all"), tmp_path / "other.jsonl")
 
 
-def test_kv_items_put_one_pair_in_each_document(tmp_path, monkeypatch):
+@pytest.fixture
+def kv_data(tmp_path, monkeypatch):
+    """A KV retrieval file of 4 records (75 pairs "k<i>-<j>": "v<i>-<j>", the key asked k<i>-7), as $PC_CPU_EVALDATA."""
     with gzip.open(tmp_path / "kv-retrieval-75_keys.jsonl.gz", "wt", encoding="utf-8") as f:
         for i in range(4):
             pairs = [[f"k{i}-{j}", f"v{i}-{j}"] for j in range(75)]
             f.write(json.dumps({"ordered_kv_records": pairs, "key": f"k{i}-7", "value": f"v{i}-7"}) + "\n")
     monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
+
+
+def test_kv_items_put_one_pair_in_each_document(kv_data):
     odd = da.questions("kv", "odd", 10, 5)
     assert [q.index for q in odd] == [1, 3]
     q = odd[0]
@@ -124,12 +129,7 @@ def test_kv_items_put_one_pair_in_each_document(tmp_path, monkeypatch):
         da.questions("kv", "third", 10, 5)
 
 
-def test_several_pairs_per_document_keep_the_gold_pair_in_the_gold_document(tmp_path, monkeypatch):
-    with gzip.open(tmp_path / "kv-retrieval-75_keys.jsonl.gz", "wt", encoding="utf-8") as f:
-        for i in range(4):
-            pairs = [[f"k{i}-{j}", f"v{i}-{j}"] for j in range(75)]
-            f.write(json.dumps({"ordered_kv_records": pairs, "key": f"k{i}-7", "value": f"v{i}-7"}) + "\n")
-    monkeypatch.setenv("PC_CPU_EVALDATA", str(tmp_path))
+def test_several_pairs_per_document_keep_the_gold_pair_in_the_gold_document(kv_data):
     for q in da.questions("kv", "all", 4, 5, per_document=6):
         assert len(q.documents) == 5 and all(len(d.splitlines()) == 6 for d in q.documents)  # 30 pairs
         gold = f'"{q.answers[0].replace("v", "k", 1)}": "{q.answers[0]}"'
