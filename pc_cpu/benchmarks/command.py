@@ -410,6 +410,9 @@ def relocation(model, threads, quick, as_json, count, timing_only):
 @click.option("--library", type=click.Choice(["shuffled", "item"]), default="shuffled", show_default=True,
               help="shuffled: every item's documents are added first, in a random order (a question is then a "
                    "new combination); item: each item's documents are added just before it, in its order.")
+@click.option("--block", type=click.IntRange(0), default=0, show_default=True,
+              help="shuffled: add the documents of this many items at a time, then answer them (0: all items "
+                   "first). A stopped run then resumes without adding the answered items' documents again.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSON-lines file of every answer; a run with the same file resumes where it stopped.")
 @click.option("--summary", "summaries", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -420,7 +423,7 @@ def relocation(model, threads, quick, as_json, count, timing_only):
 @quick_option
 @json_option
 def documents_accuracy(models, threads, policies, orders, task, split, count, docs, per_document, max_tokens,
-                       encodings, library, out, summaries, results, quick, as_json):
+                       encodings, library, block, out, summaries, results, quick, as_json):
     """Documents against the full prefill: `ask` variants paired with use_cache=False, accuracy and TTFT.
 
     Example: pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 --n 300
@@ -437,7 +440,7 @@ def documents_accuracy(models, threads, policies, orders, task, split, count, do
                              orders=tuple(orders) or ("given",), task=task, split=split,
                              n=10 if quick else count, docs=docs, threads=threads, max_tokens=max_tokens or 0,
                              encodings=tuple(encodings) or ("library",), library=library,
-                             per_document=per_document)
+                             per_document=per_document, block=block)
         with ExitStack() as stack:
             path = Path(out) if out else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "answers.jsonl"
             with _bar(len(job.models) * job.n, "documents accuracy", as_json) as progress:

@@ -72,6 +72,7 @@ class AccuracyJob:
     encodings: tuple[str, ...] = ("library",)  # ask(encoding=...) of the cached variants
     library: str = "shuffled"  # LIBRARIES: how the library holding the items' documents is built
     per_document: int = 1  # NQ passages or KV pairs per document
+    block: int = 0  # "shuffled": items whose documents are shuffled and added together (0: all of them)
 
     @property
     def answer_tokens(self) -> int:
@@ -173,30 +174,51 @@ def run(job: AccuracyJob, out: Path, *, progress: Callable[[int], None] = lambda
                 name = model or pc.model.path.name
                 pc.ask("warm up", documents=[], system=items[0].system if items else None, max_tokens=1,
                        prefix="off")
-                library = _shuffled_library(pc, items) if job.library == "shuffled" else None
-                for item in items:
-                    for record in _answer(pc, name, item, job, done, library):
-                        records.append(record)
-                        sink.write(json.dumps(record) + "\n")
-                        sink.flush()
-                    progress(1)
+                for number, block in enumerate(_blocks(items, job)):
+                    if not any(_wanted(name, item, job, done) for item in block):
+                        progress(len(block))  # answered by an earlier run: none of its documents is added
+                        continue
+                    library = _shuffled_library(pc, block, seed=number) if job.library == "shuffled" else None
+                    for item in block:
+                        for record in _answer(pc, name, item, job, done, library):
+                            records.append(record)
+                            sink.write(json.dumps(record) + "\n")
+                            sink.flush()
+                        progress(1)
     return records
 
 
-def _shuffled_library(pc, items: list[Question]) -> dict[str, str]:
-    """Returns the ids of every item's documents by text, after adding them all in a seeded random order."""
+def _blocks(items: list[Question], job: AccuracyJob) -> list[list[Question]]:
+    """Returns the items in the groups whose documents are added together: `job.block` items each, or one group."""
+    size = job.block if job.library == "shuffled" and job.block > 0 else max(1, len(items))
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+def _shuffled_library(pc, items: list[Question], *, seed: int = 0) -> dict[str, str]:
+    """Returns the ids of every item's documents by text, after adding them all in a seeded random order.
+
+    In blocks (AccuracyJob.block) the library grows block by block: a block's first documents are
+    encoded after the last ones of the block before, as any document after the ones added before it.
+    A resumed run adds only the blocks it has items left in, so it never pays again for the adds of
+    answered items.
+    """
     texts = list(dict.fromkeys((text, item.system) for item in items for text in item.documents))
-    random.Random(0).shuffle(texts)
+    random.Random(seed).shuffle(texts)
     return {text: pc.add_document(text, system=system) for text, system in texts}
+
+
+def _wanted(model: str, item: Question, job: AccuracyJob, done: set[tuple]) -> list[tuple[str, str, str]]:
+    """Returns the (order, policy, encoding) answers of `item` that `done` does not hold yet."""
+    task = task_label({"task": job.task, "per_document": job.per_document})
+    return [(order, policy, encoding) for order in job.orders for policy in (FULL, *job.policies)
+            for encoding in ((ANY,) if policy in (FULL, *REPEATED) else job.encodings)
+            if (model, task, item.index, order, policy, encoding) not in done]
 
 
 def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple],
             library: dict[str, str] | None) -> Iterator[dict]:
     """Yields the records of one item not yet in `done`: a baseline per order, then each variant."""
-    task = task_label({"task": job.task, "per_document": job.per_document})
-    wanted = [(order, policy, encoding) for order in job.orders for policy in (FULL, *job.policies)
-              for encoding in ((ANY,) if policy in (FULL, *REPEATED) else job.encodings)
-              if (model, task, item.index, order, policy, encoding) not in done]
+    wanted = _wanted(model, item, job, done)
     if not wanted:
         return
     ids = ([library[text] for text in item.documents] if library is not None
@@ -212,7 +234,7 @@ def _answer(pc, model: str, item: Question, job: AccuracyJob, done: set[tuple],
                                 use_cache=not baseline, recompute=None if baseline else policy, order=order,
                                 prefix="off", encoding="library" if baseline else encoding)
             yield {"model": model, "task": job.task, "index": item.index, "gold_index": item.gold_index,
-                   "per_document": job.per_document,
+                   "per_document": job.per_document, **({"block": job.block} if job.block else {}),
                    "order": order, "policy": policy, "encoding": encoding, "library": job.library,
                    "correct": correct(result.text, item.answers),
                    "text": result.text, "ttft_ms": result.ttft_ms, "uncached_tokens": result.uncached_tokens,

@@ -152,3 +152,21 @@ def test_a_policy_documents_cannot_use_is_refused_before_the_model_loads(capsys)
     code, _, err = run_main(["bench", "documents", "accuracy", "--model", "/nowhere.gguf", "--policy", "select:10%"],
                             capsys)
     assert code != 0 and "select" in err and "schema prompts" in err
+
+
+def test_a_run_in_blocks_resumes_without_adding_the_answered_items_documents(nq_data, tiny_model_path, tmp_path,
+                                                                              monkeypatch):
+    from pc_cpu import PromptCache
+
+    added = []
+    add = PromptCache.add_document
+    monkeypatch.setattr(PromptCache, "add_document", lambda self, text, **kw: added.append(text) or add(self, text, **kw))
+    job = da.AccuracyJob(models=(str(tiny_model_path),), policies=("0",), n=1, max_tokens=4, block=1)
+    first = da.run(job, tmp_path / "answers.jsonl")
+    items = da.questions("nq", "odd", 2, 5)
+    assert sorted(added) == sorted(set(items[0].documents))  # one block: only the first item's documents
+    added.clear()
+    records = da.run(job.__class__(**{**job.__dict__, "n": 2}), tmp_path / "answers.jsonl")
+    assert sorted(added) == sorted(set(items[1].documents))  # the answered block's documents are not added again
+    assert len(records) == 2 * len(first) and {r["block"] for r in records} == {1}
+    assert [r["index"] for r in records] == [items[0].index] * 2 + [items[1].index] * 2
