@@ -74,7 +74,7 @@ class PromptCache:
 
     def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
                  threads: int | None = None, n_seq_max: int = 64, parallel: int = 4, encoding: str = "preamble",
-                 flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
+                 flash_attn: bool | None = False, store: str | os.PathLike | bool | None = None,
                  ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, batch_invariant: bool = True,
                  max_documents: int = DEFAULT_MAX_DOCUMENTS, verbose: bool = False):
         """Loads the model and creates the context.
@@ -93,7 +93,10 @@ class PromptCache:
             parallel: prompts generating at once (their steps interleaved); more wait their turn.
             encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
                 (also the cells of the module before them; pc_cpu.pml.encoding).
-            flash_attn: None lets llama.cpp choose.
+            flash_attn: False (default): a cached prompt's few tokens over thousands of cached cells
+                decode ~2.3x faster on a CPU, and a prefill costs about the same (docs/performance.md);
+                True: llama.cpp's flash attention; None: llama.cpp chooses (on, on a CPU). Cells stored
+                with and without it are kept apart (their V layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
@@ -133,7 +136,7 @@ class PromptCache:
         self._scheduler = Scheduler(self.ctx, self.prompts, roles, self._lock, batch_invariant=batch_invariant)
         self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
         self.chat_template = ChatTemplate(self.model.chat_template(), eos_token=self.model.eos_text())
-        self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.model.info.fingerprint,
+        self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.prompts.cells_id,
                                                 can_cut=not self.model.info.n_swa, mover=self.documents.encoder)
         self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._locks, mode=self.encoding,
                                n_ctx=self.ctx.n_ctx, adder=adder)

@@ -27,7 +27,10 @@ class ContextConfig:
     n_batch: int = 512  # tokens per llama_decode call; longer inputs are split
     n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
     threads: int | None = None  # None: every core for batches, half of them for one-token decodes
-    flash_attn: bool | None = None  # None: llama.cpp decides
+    # Off: a cached prompt decodes a few tokens over thousands of cells, and there llama.cpp's CPU
+    # flash attention is ~2.3x slower, while a prefill costs about the same (docs/performance.md,
+    # "Flash attention"). None: llama.cpp decides (on, on a CPU).
+    flash_attn: bool | None = False
     swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
     # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).
     # False: every sequence gets its own stream of n_ctx cells, filled from slot 0 in the order
@@ -94,6 +97,17 @@ class Context:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.can_shift = bool(llama_cpp.llama_memory_can_shift(self._mem))
         self._state_buffer = bytearray()  # reused by state_get_reusing: see there
+
+    @property
+    def cells_id(self) -> str:
+        """Returns what a stored cell's bytes depend on besides its tokens: the model, and the layout of V.
+
+        Flash attention stores V as it is, without it transposed, and llama.cpp refuses to restore
+        one into the other: the two are kept apart in the store. Cells computed with llama.cpp's own
+        choice (flash attention on, on a CPU) keep the plain model fingerprint they were stored under.
+        """
+        fingerprint = self.model.info.fingerprint
+        return f"{fingerprint}/v-transposed" if self.config.flash_attn is False else fingerprint
 
     def close(self) -> None:
         """Frees the batch, then the context (children before parents)."""

@@ -62,7 +62,7 @@ class DocumentEncoder:
         self.store = store
         self.cells = CellStore(prompts, store)
         self.ropes = ropes  # one per KV cache of a saved state, for the relocator; None: llama.cpp's seq_add moves cells
-        self.model_id = prompts.model.info.fingerprint
+        self.model_id = prompts.cells_id
         self.encoded = 0  # preambles and documents this instance computed
         self._buffer = bytearray()  # the last prompt's assembled cells (assembled), grown to the largest
 

@@ -69,7 +69,7 @@ class ModuleCache:
         # relocator can move this model's cells; otherwise in place, and editing a module's length
         # re-encodes the encodings after it.
         self.at_home = rope is not None
-        self.model_id = ctx.model.info.fingerprint
+        self.model_id = ctx.cells_id
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
         self._shifts: dict[tuple[str, str], tuple[Layout, int]] = {}  # (schema, encoding) -> home_shift
