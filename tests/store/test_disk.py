@@ -554,3 +554,31 @@ def test_entry_with_id_finds_one_entry_by_a_prefix_of_its_id_and_names_what_went
     with pytest.raises(UnknownEntryError) as empty:
         disk.entry_with_id("")  # an empty prefix names no entry, not every entry
     assert empty.value.matches == 0
+
+
+def _sha256_file(disk: DiskStore, k, entry) -> pathlib.Path:
+    """Writes `entry` under `k` as pc_cpu wrote files before 2026-12-05: the payload's checksum a sha256."""
+    import json
+    import struct
+
+    from pc_cpu.store.disk_format import FORMAT_VERSION, MAGIC
+
+    meta = json.dumps({"model": k.model, "content": k.content, "mode": k.mode, "label": k.label,
+                       "n_tokens": entry.n_tokens, "pos_start": entry.positions[0], "pos_end": entry.positions[1],
+                       "created": entry.created, "payload_len": entry.nbytes,
+                       "payload_sha256": hashlib.sha256(entry.payload).hexdigest()}, separators=(",", ":")).encode()
+    path = disk.path_for(k)
+    path.write_bytes(struct.pack("<8sII32s", MAGIC, FORMAT_VERSION, len(meta), hashlib.sha256(meta).digest())
+                     + meta + entry.payload)
+    return path
+
+
+def test_files_with_a_sha256_payload_checksum_still_read_and_still_catch_a_flip(store_dir):
+    entry = blob_entry(PAYLOAD)
+    path = _sha256_file(DiskStore(store_dir), key("a"), entry)
+    disk = DiskStore(store_dir)
+    assert disk.get(key("a")).payload == entry.payload and disk.verify() == []
+    disk.put(key("b"), entry)
+    assert b'"payload_xxh3_128":' in disk.path_for(key("b")).read_bytes()  # what is written now
+    corrupt_flip_payload_byte(path)
+    assert [(b.path, b.reason) for b in disk.verify()] == [(path, "checksum")]
