@@ -74,7 +74,7 @@ class PromptCache:
 
     def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
                  threads: int | None = None, n_seq_max: int = 64, parallel: int = 4, encoding: str = "preamble",
-                 flash_attn: bool | None = False, store: str | os.PathLike | bool | None = None,
+                 flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
                  ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, batch_invariant: bool = True,
                  max_documents: int = DEFAULT_MAX_DOCUMENTS, verbose: bool = False):
         """Loads the model and creates the context.
@@ -93,10 +93,11 @@ class PromptCache:
             parallel: prompts generating at once (their steps interleaved); more wait their turn.
             encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
                 (also the cells of the module before them; pc_cpu.pml.encoding).
-            flash_attn: False (default): a cached prompt's few tokens over thousands of cached cells
-                decode ~2.3x faster on a CPU, and a prefill costs about the same (docs/performance.md);
-                True: llama.cpp's flash attention; None: llama.cpp chooses (on, on a CPU). Cells stored
-                with and without it are kept apart (their V layouts differ).
+            flash_attn: None lets llama.cpp choose (on, on a CPU: what "same tokens, same answer"
+                needs). False: a cached prompt's few tokens over ~4K cached cells decode ~2.3x faster
+                on a CPU, but cells computed after different histories differ in their last bits, so
+                an answer can change with the tier that served it (docs/performance.md). Cells
+                stored with and without it are kept apart (their V layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its

@@ -27,10 +27,11 @@ class ContextConfig:
     n_batch: int = 512  # tokens per llama_decode call; longer inputs are split
     n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
     threads: int | None = None  # None: every core for batches, half of them for one-token decodes
-    # Off: a cached prompt decodes a few tokens over thousands of cells, and there llama.cpp's CPU
-    # flash attention is ~2.3x slower, while a prefill costs about the same (docs/performance.md,
-    # "Flash attention"). None: llama.cpp decides (on, on a CPU).
-    flash_attn: bool | None = False
+    # None: llama.cpp decides (on, on a CPU). Its flash-attention kernel skips masked cells, so cells
+    # computed in streams of different histories come out byte-identical (the exactness tests hold
+    # them to it). Off, a cached prompt's few tokens over ~4K cached cells decode ~2.3x faster, but
+    # the same tokens give other cells after another stream history (docs/performance.md).
+    flash_attn: bool | None = None
     swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
     # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).
     # False: every sequence gets its own stream of n_ctx cells, filled from slot 0 in the order

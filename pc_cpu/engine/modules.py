@@ -70,6 +70,7 @@ class ModuleCache:
         # re-encodes the encodings after it.
         self.at_home = rope is not None
         self.model_id = ctx.cells_id
+        self._moved_buffer = bytearray()  # the last restored blob moved into place (_restore), grown to the largest
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
         self._shifts: dict[tuple[str, str], tuple[Layout, int]] = {}  # (schema, encoding) -> home_shift
@@ -330,17 +331,16 @@ class ModuleCache:
         """
         infos = [ops.scan(blob) for blob in blobs]
         try:
-            blobs = [move(self.ctx, blob, shift, self.rope, seq=self.roles.scratch, empty=self.roles.hold)
-                     for blob in blobs]
-        except StateBlobError as exc:
-            return f"its cells cannot be moved into place ({exc})"
-        try:
             for blob, info in zip(blobs, infos):
-                self.encoder.place(blob, info.pos_min + shift, info.pos_max + 1 + shift, library)
-        except EngineError as exc:
+                # Moved into one reused buffer and placed at once: a fresh copy per blob costs more to map than to move.
+                moved = move(self.ctx, blob, shift, self.rope, seq=self.roles.scratch, empty=self.roles.hold,
+                             out=self._moved_buffer)
+                self.encoder.place(moved, info.pos_min + shift, info.pos_max + 1 + shift, library)
+        except (StateBlobError, EngineError) as exc:
             for run in runs:  # the parts restored before the refusal
                 self.ctx.seq_rm(library, run.start, run.end)
             self.encoder.pin_cells(self.resident, runs[0].start, runs[-1].end)
+            if isinstance(exc, StateBlobError):
+                return f"its cells cannot be moved into place ({exc})"
             return f"llama.cpp refused it ({exc}; saved with other settings, e.g. flash attention on/off?)"
-
         return None

@@ -22,7 +22,7 @@ from pc_cpu.kvstate.rope import RopeParams
 Rope = RopeParams | tuple[RopeParams, ...] | None  # one per KV cache of a saved state; None: llama.cpp moves cells
 
 
-def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int):
+def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int, out: bytearray | None = None):
     """Returns a one-stream blob of `blob`'s cells moved by `delta` positions, K re-rotated (`blob` when delta is 0).
 
     The one way cells move in pc_cpu, whatever they are (a module, a document, a turn): the
@@ -30,12 +30,13 @@ def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int):
     them, in the free stream `seq` of `ctx`, and a throwaway token decoded in the free stream
     `empty` makes it rotate K now (a saved state carries no pending shift: its K would be read
     out unrotated at the new positions). Both ways give the same bytes, the blob's own sequence
-    id kept (tests/engine/test_documents.py holds them to it).
+    id kept (tests/engine/test_documents.py holds them to it). `out`: a buffer the relocator
+    reuses for the moved copy (ops.relocate).
     """
     if delta == 0:
         return blob
     if rope is not None:
-        return ops.relocate(blob, delta, rope)
+        return ops.relocate(blob, delta, rope, out=out)
     info = ops.scan(blob)
     try:
         ctx.state_set(seq, ops.restream(blob, ctx.n_stream))

@@ -43,14 +43,14 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     flash = make_cache(store=store_dir, flash_attn=True)
     flash.load_schema(SCHEMA)
     assert set(flash.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}
-    plain = make_cache(store=store_dir)  # the default: V transposed, a layout llama.cpp will not restore flash cells into
+    plain = make_cache(store=store_dir, flash_attn=False)  # V transposed: llama.cpp will not restore flash cells into it
     assert plain.ctx.cells_id != flash.ctx.cells_id == flash.model.info.fingerprint  # older entries keep their key
     plain.load_schema(SCHEMA)
     assert plain.modules.encoded == flash.modules.encoded > 0  # not served the other layout's cells: its own
     result = plain.generate(prompt("b"), max_tokens=6)
     assert result.token_ids == plain.generate(prompt("b"), max_tokens=6, use_cache=False).token_ids
     assert set(plain.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}  # documents too
-    again = make_cache(store=store_dir, flash_attn=True)  # and the flash entries are still there for a flash cache
+    again = make_cache(store=store_dir)  # llama.cpp's choice (on, on a CPU) finds the flash entries
     again.load_schema(SCHEMA, encode=False)
     assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.modules.encoded == 0
 

@@ -102,11 +102,22 @@ def test_relocate_refuses(impl, spec, delta, rope_change, code):
     assert e.value.code == code
 
 
+@pytest.fixture(params=["simd", "portable"])
+def c_path(request, monkeypatch):
+    """Runs a test on the C library's F16C path (where the CPU has it) and on its portable one."""
+    if request.param == "portable":
+        monkeypatch.setenv("PC_NATIVE_PORTABLE", "1")
+    else:
+        monkeypatch.delenv("PC_NATIVE_PORTABLE", raising=False)
+    return request.param
+
+
 @needs_native
 @pytest.mark.parametrize("k_type", [GGML_F16, GGML_F32], ids=["f16", "f32"])
-@pytest.mark.parametrize("mode, n_rot", [(RopeMode.NORMAL, 8), (RopeMode.NEOX, 8), (RopeMode.NEOX, 6)])
-def test_numpy_and_native_relocate_agree_on_synthetic_blobs(k_type, mode, n_rot):
-    spec = BlobSpec(positions=tuple(range(100, 150)), k_type=k_type)
+@pytest.mark.parametrize("mode, n_rot", [(RopeMode.NORMAL, 8), (RopeMode.NEOX, 8), (RopeMode.NEOX, 6),
+                                         (RopeMode.NORMAL, 20)])
+def test_numpy_and_native_relocate_agree_on_synthetic_blobs(k_type, mode, n_rot, c_path):
+    spec = BlobSpec(positions=tuple(range(100, 150)), k_type=k_type, head_dim=24)  # 20 pairs: 8-wide steps and a tail
     rope = dataclasses.replace(spec.rope(mode, n_rot), freq_base=500000.0, freq_scale=0.25)
     blob = make_blob(spec)
     for delta in (1, -50, 77, 4095, 1 << 20):
@@ -136,7 +147,7 @@ def _with_special_k(blob: bytes, spec: BlobSpec) -> bytes:
 @needs_native
 @pytest.mark.parametrize("k_type", [GGML_F16, GGML_F32], ids=["f16", "f32"])
 @pytest.mark.parametrize("mode", [RopeMode.NORMAL, RopeMode.NEOX])
-def test_numpy_and_native_relocate_agree_on_special_values(k_type, mode):
+def test_numpy_and_native_relocate_agree_on_special_values(k_type, mode, c_path):
     # The C conversions are branch-free so that they vectorize; every edge case must still round
     # exactly as numpy does.
     spec = BlobSpec(positions=tuple(range(10, 47)), k_type=k_type, head_dim=16)
