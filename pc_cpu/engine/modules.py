@@ -335,7 +335,11 @@ class ModuleCache:
                 # Moved into one reused buffer and placed at once: a fresh copy per blob costs more to map than to move.
                 moved = move(self.ctx, blob, shift, self.rope, seq=self.roles.scratch, empty=self.roles.hold,
                              out=self._moved_buffer)
-                self.encoder.place(moved, info.pos_min + shift, info.pos_max + 1 + shift, library)
+                try:
+                    self.encoder.place(moved, info.pos_min + shift, info.pos_max + 1 + shift, library)
+                finally:
+                    if isinstance(moved, memoryview):
+                        moved.release()  # the buffer is resized by the next move
         except (StateBlobError, EngineError) as exc:
             for run in runs:  # the parts restored before the refusal
                 self.ctx.seq_rm(library, run.start, run.end)

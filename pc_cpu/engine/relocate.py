@@ -31,12 +31,16 @@ def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int, ou
     `empty` makes it rotate K now (a saved state carries no pending shift: its K would be read
     out unrotated at the new positions). Both ways give the same bytes, the blob's own sequence
     id kept (tests/engine/test_documents.py holds them to it). `out`: a buffer the relocator
-    reuses for the moved copy (ops.relocate).
+    reuses, copying and turning the cells in one pass; the view of it returned is released
+    before the next use (mapping a fresh ~100 MB copy costs more than moving it).
     """
     if delta == 0:
         return blob
     if rope is not None:
-        return ops.relocate(blob, delta, rope, out=out)
+        if out is None:
+            return ops.relocate(blob, delta, rope)
+        size = ops.assemble_into([blob], [delta], rope, 1, out)  # before the view: it may grow `out`
+        return memoryview(out)[:size]
     info = ops.scan(blob)
     try:
         ctx.state_set(seq, ops.restream(blob, ctx.n_stream))
