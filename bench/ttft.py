@@ -11,7 +11,7 @@ full prefill's median.
 - disk: evicted from the context and RAM, files dropped from the page cache
   (posix_fadvise DONTNEED), restored from the disk tier.
 
-    python bench/ttft.py --threads 2 --repeats 5 [--plain] [--tokens 4000] [--model PATH] [--json]
+    python bench/ttft.py --threads 2 --repeats 5 [--plain] [--tokens 4000] [--model PATH] [--flash-attn off] [--json]
 """
 
 from __future__ import annotations
@@ -78,13 +78,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plain", action="store_true", help="no chat markup around the question")
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                        help="PromptCache(flash_attn=...): auto lets llama.cpp choose (pc_cpu's default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     store_dir = Path(tempfile.mkdtemp(prefix="pc_cpu_bench_store_"))
     # Cells for the resident modules plus a full-prefill baseline of the same tokens.
     # (at most the model's training context: PromptCache refuses more, and each prompt has a stream of its own)
-    pc = open_cache(args.model, args.threads, 2 * args.tokens + 2048, store=store_dir)
+    flash_attn = {"auto": None, "on": True, "off": False}[args.flash_attn]
+    pc = open_cache(args.model, args.threads, 2 * args.tokens + 2048, store=store_dir, flash_attn=flash_attn)
     schema, prompt = schema_and_prompt(document_modules(pc, args.tokens), plain=args.plain)
     t0 = time.perf_counter()
     pc.load_schema(schema)
@@ -102,7 +105,7 @@ def main() -> None:
     base = statistics.median(times["full_prefill"])
     report = {
         "model": pc.model.path.name, "threads": pc.ctx.threads, "repeats": args.repeats,
-        "plain": args.plain, "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
+        "plain": args.plain, "flash_attn": args.flash_attn, "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
         "encode_s": round(encode_s, 2),
         "store_mib": round(sum(p.stat().st_size for p in store_dir.glob("*.pcs")) / 2**20, 1),
     }
