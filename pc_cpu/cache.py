@@ -93,11 +93,11 @@ class PromptCache:
             parallel: prompts generating at once (their steps interleaved); more wait their turn.
             encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
                 (also the cells of the module before them; pc_cpu.pml.encoding).
-            flash_attn: None lets llama.cpp choose (on, on a CPU: what "same tokens, same answer"
-                needs). False: a cached prompt's few tokens over ~4K cached cells decode ~2.3x faster
-                on a CPU, but cells computed after different histories differ in their last bits, so
-                an answer can change with the tier that served it (docs/performance.md). Cells
-                stored with and without it are kept apart (their V layouts differ).
+            flash_attn: None lets llama.cpp choose (on, on a CPU). False: a cached prompt's few tokens
+                over ~4K cached cells decode ~2.3x faster on a CPU, but "same tokens, same answer" no
+                longer holds everywhere: a scaffold restored from the store answered with other logits
+                than the same schema encoded fresh (docs/performance.md). Cells stored with and without
+                it are kept apart (their V layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its

@@ -202,17 +202,13 @@ def _rope_struct(rope: RopeParams) -> _Rope:
     return _Rope(*ints, rope.freq_base, rope.freq_scale)
 
 
-def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...], *,
-             out: bytearray | None = None) -> bytearray:
+def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> bytearray:
     """Moves a blob's cells by delta; see :func:`pc_cpu.kvstate.state_blob.relocate`."""
     lib = _require()
     if not _INT32[0] <= delta <= _INT32[1]:
         raise StateBlobError(f"cannot relocate: delta {delta} is not an int32", code="argument")
     try:
-        if out is None:
-            out = bytearray(memoryview(blob))
-        else:
-            out[:] = memoryview(blob)
+        out = bytearray(memoryview(blob))
     except TypeError:
         raise StateBlobError(f"state blob must be bytes-like, not {type(blob).__name__}",
                              code="argument") from None

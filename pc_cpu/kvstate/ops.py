@@ -33,15 +33,12 @@ def scan(blob: BlobLike) -> StateBlobInfo:
     return IMPL.scan(blob)
 
 
-def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...], *,
-             out: bytearray | None = None) -> BlobLike:
+def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> BlobLike:
     """Returns `blob` with every cell moved by `delta` positions, K re-rotated (`blob` itself when delta is 0).
 
     `rope`: the model's RoPE, or one per KV cache of the blob (pc_cpu.engine.model.cache_ropes).
-    `out`: a buffer reused for the moved copy (it is resized to it; a caller holding the copy
-    gives it up before the next use); None: a new one.
     """
-    return blob if delta == 0 else IMPL.relocate(blob, delta, rope, out=out)
+    return blob if delta == 0 else IMPL.relocate(blob, delta, rope)
 
 
 def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopeParams | tuple[RopeParams, ...] | None,

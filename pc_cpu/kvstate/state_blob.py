@@ -813,8 +813,7 @@ def _rotate_k(buf: bytearray, rec: _Layer, n_cell: int, rope: RopeParams,
         k[:, :, a], k[:, :, b] = y0.astype(dtype), y1.astype(dtype)
 
 
-def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...], *,
-             out: bytearray | None = None) -> bytearray:
+def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> bytearray:
     """Moves every cell of a blob by delta positions, re-rotating K as llama.cpp's K-shift does.
 
     This places a module encoded at positions [p, p+n) at [p+delta, p+n+delta).
@@ -824,10 +823,8 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
         delta: positions to add, an int32.
         rope: the model's RoPE parameters; for a blob of several KV caches (an iswa model's base
             and sliding-window caches), a tuple of one per cache, in the blob's order.
-        out: a buffer to write the copy into, resized to the blob (reusing its memory: mapping
-            a fresh ~100 MB copy costs more than the rotation); None: a new one.
     Returns:
-        The relocated copy (`out` when given).
+        The relocated copy.
     Raises:
         StateBlobError: the blob is invalid, the rope does not fit it ("argument"), a position
             would leave [0, 2**31), or K is quantized / the blob has several caches and one
@@ -835,10 +832,7 @@ def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ..
     """
     if not -2**31 <= delta <= INT32_MAX:
         raise _error("argument", f"cannot relocate: delta {delta} is not an int32")
-    if out is None:
-        out = bytearray(_as_bytes_view(blob))
-    else:
-        out[:] = _as_bytes_view(blob)
+    out = bytearray(_as_bytes_view(blob))
     lay = _layout_parse(out)
     ropes = _check_relocate(lay, delta, rope)
     if delta == 0:
