@@ -44,23 +44,56 @@ class Workspace:
         the context's own cells (a one-stream blob, as computed here), restored instead of
         computed again: the same bytes, none of the time. The workspace is empty before and after.
         """
-        work, seq = self.ctx, self.seq
         run = job.run
-        work.seq_rm(seq)
         try:
-            # The context in a batch of its own, then the run: the batches a full prefill split at the
-            # run's start computes, and those of the preamble's own encoding (kernels round by batch).
-            if job.context and context_cells is not None:
-                work.state_set(seq, ops.restream(context_cells, work.n_stream))
-            elif job.context:
-                work.decode(job.context, range(job.first_position, run.start), seq, logits_last=False)
-            work.decode(run.tokens, range(run.start, run.end), seq, logits_last=False,
-                        after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
-            if job.context:
-                work.seq_rm(seq, job.first_position, run.start)
-            return bytes(ops.restream(work.state_get(seq), n_stream))
+            self._compute_after_context(job.context, job.first_position, run.tokens, run.start, on_computed,
+                                        context_cells=context_cells)
+            return bytes(ops.restream(self.ctx.state_get(self.seq), n_stream))
+        finally:
+            self.ctx.seq_rm(self.seq)
+
+    def compute_scaffold(self, job: ScaffoldJob, n_stream: int, on_computed: OnComputed | None = None) -> list[bytes]:
+        """Returns one state blob per run of the scaffold, computed jointly, each at its computed start.
+
+        The runs are computed back to back after the context (job.computed_starts), as in the
+        library, but from slot 0 of an empty stream: the same bytes whatever the library holds.
+        Moving each run to its layout position is the caller's (the relocator's) work.
+        """
+        work, seq = self.ctx, self.seq
+        try:
+            self._compute_after_context(job.context, job.first_position, job.tokens, job.runs[0].start, on_computed)
+            whole = work.state_get(seq)
+            if len(job.runs) == 1:
+                return [bytes(ops.restream(whole, n_stream))]
+            blobs = []
+            end = job.runs[0].start + job.n_tokens
+            for run, computed in zip(job.runs, job.computed_starts()):
+                # A state holds every cell of its sequence: keep only this run's, from the whole again.
+                work.seq_rm(seq)
+                work.state_set(seq, whole)
+                work.seq_rm(seq, job.runs[0].start, computed)
+                work.seq_rm(seq, computed + len(run.tokens), end)
+                blobs.append(bytes(ops.restream(work.state_get(seq), n_stream)))
+            return blobs
         finally:
             work.seq_rm(seq)
+
+    def _compute_after_context(self, context: tuple[int, ...], first_position: int, tokens: tuple[int, ...],
+                               start: int, on_computed: OnComputed | None, *,
+                               context_cells: bytes | None = None) -> None:
+        """Leaves the workspace holding `tokens`' cells alone, computed at [start, ...) after `context`."""
+        work, seq = self.ctx, self.seq
+        work.seq_rm(seq)
+        # The context in a batch of its own, then the tokens: the batches a full prefill split at
+        # their start computes, and those of the preamble's own encoding (kernels round by batch).
+        if context and context_cells is not None:
+            work.state_set(seq, ops.restream(context_cells, work.n_stream))
+        elif context:
+            work.decode(context, range(first_position, start), seq, logits_last=False)
+        work.decode(tokens, range(start, start + len(tokens)), seq, logits_last=False,
+                    after_chunk=None if on_computed is None else lambda lo, hi: on_computed(hi - lo))
+        if context:
+            work.seq_rm(seq, first_position, start)
 
 
 class Encoder:
@@ -146,7 +179,9 @@ class Encoder:
                          on_computed: OnComputed | None) -> None:
         """Computes a scaffold's member runs jointly and shares them, at their layout positions, into `library`.
 
-        The runs are decoded back to back in the empty scratch sequence after the
+        Where it can (_scaffold_in_workspace), the runs are computed in the workspace and each
+        moved to its position by the relocator. Otherwise they are decoded back to back in the
+        empty scratch sequence after the
         first member's context (llama.cpp needs consecutive positions), pinned as they
         are computed, then each later run is moved forward to its layout position with
         seq_add. Only scratch and the pin hold those cells at that point, and a cell has
@@ -157,6 +192,10 @@ class Encoder:
         If this raises, the pin may hold cells anywhere in the scaffold's span: the
         caller re-pins that span (`pin_cells`). on_computed(n) hears of each batch's n member tokens.
         """
+        if self._scaffold_in_workspace(job):
+            for blob, run in zip(self._compute_scaffold(job, on_computed), job.runs):
+                self.place(blob, run.start, run.end, library)
+            return
         ctx, scratch, pin = self.ctx, self.roles.scratch, self.roles.pin
 
         def keep(a: int, b: int) -> None:
@@ -222,12 +261,12 @@ class Encoder:
         The blobs are what the byte tiers keep: a restore moves them by the same relocator,
         so cells placed from a store are the bytes placed right after encoding. A module's jobs
         are computed in the workspace, or, for sliding-window models (which have none), in
-        the library context with the hold (compute_in_library); a scaffold's job in the library
-        context too (compute_scaffold_in_library).
+        the library context with the hold (compute_in_library); a scaffold's job likewise
+        (_compute_scaffold).
         """
         if key.startswith(SCAFFOLD_PREFIX):
             job = home_scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], self.mode)
-            computed = [(self.compute_scaffold_in_library(job, on_computed), job.runs[0].start, job.runs[-1].end)]
+            computed = [(self._compute_scaffold(job, on_computed), job.runs[0].start, job.runs[-1].end)]
         else:
             computed = [(self._compute_at_home(job, on_computed), job.run.start, job.run.end)
                         for job in home_jobs(layout, key, self.mode)]
@@ -280,6 +319,26 @@ class Encoder:
         finally:
             self.ctx.seq_rm(self.roles.scratch)
             self.ctx.seq_rm(self.roles.hold)
+
+    def _scaffold_in_workspace(self, job: ScaffoldJob) -> bool:
+        """Returns whether the scaffold's runs can be computed in the workspace and moved to their positions.
+
+        As for modules (_encode_module), cells computed there do not depend on where other cells
+        sit in the library: without it, a scaffold restored from the store and the same
+        scaffold computed afresh differed in their last bits whenever the library's slots did
+        (measured with flash attention off). A chained scaffold needs its neighbour's library
+        cells, and runs after the first need the relocator to reach their positions.
+        """
+        return (self.workspace is not None and job.after is None
+                and (self.rope is not None or len(job.runs) == 1))
+
+    def _compute_scaffold(self, job: ScaffoldJob, on_computed: OnComputed | None = None) -> list[bytes]:
+        """Returns the state blobs of a scaffold's runs computed jointly, each moved to its own position in the job."""
+        if not self._scaffold_in_workspace(job):
+            return self.compute_scaffold_in_library(job, on_computed)
+        blobs = self.workspace.compute_scaffold(job, self.ctx.n_stream, on_computed)
+        return [self._moved(blob, run.start - computed)
+                for blob, run, computed in zip(blobs, job.runs, job.computed_starts())]
 
     def compute_scaffold_in_library(self, job: ScaffoldJob, on_computed: OnComputed | None = None) -> list[bytes]:
         """Returns the state blobs of a scaffold's runs computed jointly, each moved to its own position in the job.

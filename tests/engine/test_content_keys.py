@@ -175,20 +175,23 @@ def scaffolded(intro: str) -> str:
             '<module name="b">Note b: shelf 2 holds 14 boxes of tea.</module></scaffold></schema>')
 
 
-def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_cache, tmp_path):
+@pytest.mark.parametrize("flash_attn", [None, False], ids=["flash_default", "flash_off"])
+def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_cache, tmp_path, flash_attn):
     # The scaffold is computed at its home and moved into place like a module, so its key, and its
-    # stored cells, do not depend on the length of what comes before it.
+    # stored cells, do not depend on the length of what comes before it. Nor do its bits depend on
+    # where the library's other cells sit: with flash attention off, a scaffold computed in the
+    # library context gave logits 0.30 apart here (it is computed in the workspace now).
     prompt = '<prompt schema="sc"><intro/><both/><user>How many boxes on shelf 2?</user></prompt>'
     edited = scaffolded("The tea shop's notes, kept by the owner since 1990.")
-    first = make_cache(store=tmp_path / "warm")
+    first = make_cache(store=tmp_path / "warm", flash_attn=flash_attn)
     first.load_schema(scaffolded("Notes."))
     first.close()
-    warm = make_cache(store=tmp_path / "warm")
+    warm = make_cache(store=tmp_path / "warm", flash_attn=flash_attn)
     warm.load_schema(edited)
     assert warm.modules.encoded == 1  # intro only: a, b and the scaffold come from the store, moved
     assert warm.modules.shift_of(warm.layout("sc"), scaffold_key("both")) > 0
     moved = warm.generate(prompt, max_tokens=6)
-    cold = make_cache(store=tmp_path / "cold")
+    cold = make_cache(store=tmp_path / "cold", flash_attn=flash_attn)
     cold.load_schema(edited)
     fresh = cold.generate(prompt, max_tokens=6)
     assert moved.token_ids == fresh.token_ids and len(moved.token_ids) > 0
