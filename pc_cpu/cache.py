@@ -547,6 +547,11 @@ class PromptCache:
         return self._scheduler.wait_idle(timeout)
 
     @property
+    def modules_encoded(self) -> int:
+        """Returns how many schema encodings (modules, scaffolds) this instance computed; a store hit is not one."""
+        return self.modules.encoded
+
+    @property
     def documents_encoded(self) -> int:
         """Returns how many preambles and documents this instance computed (a warm store keeps it at 0)."""
         return self.documents.encoded
@@ -581,6 +586,29 @@ class PromptCache:
         For tests and tools: `with cache.prefilled(plan, use_cache=True) as prompt: prompt.logits()`.
         """
         return PrefilledPrompt(self.prefill(plan, use_cache=use_cache), self.prompts, self._lock)
+
+    def full_prefill(self, tokens: Sequence[int], *, batch_starts: Sequence[int] = ()) -> "PrefilledPrompt":
+        """Returns `tokens` computed at positions 0..n-1 of stream PROMPT_SEQ, to read and then close.
+
+        The baseline a cached prompt is held to, computed where prompts are (an empty stream of
+        the prompt context). `batch_starts`: token indices where a new llama_decode batch
+        starts, as a cached prompt's runs did (some models' kernels round by batch); otherwise
+        llama.cpp's own batches. For tests and tools, while nothing else runs.
+        """
+        tokens = list(tokens)
+        if not tokens:
+            raise PromptCacheError("full_prefill: no tokens given; pass the prompt's token ids")
+        wrong = [s for s in batch_starts if not 0 <= s < len(tokens)]
+        if wrong:
+            raise PromptCacheError(f"full_prefill: batch starts {wrong} lie outside the {len(tokens)} tokens; "
+                                   f"give token indices in 0..{len(tokens) - 1}")
+        edges = sorted({0, *batch_starts, len(tokens)})
+        with self._lock:
+            self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
+            self.prompts.seq_rm(PROMPT_SEQ)
+            for lo, hi in zip(edges, edges[1:]):
+                self.prompts.decode(tokens[lo:hi], range(lo, hi), PROMPT_SEQ, logits_last=hi == len(tokens))
+        return PrefilledPrompt(len(tokens), self.prompts, self._lock)
 
     @property
     def blender(self) -> Blender | None:

@@ -153,24 +153,12 @@ def batched_prefill_logits(cache, schema: str, prompt: str, splits: list[int]):
     tokens = list(plan.tokens)
     # The prompt's own ops after the shared cells are computed a batch each, as the cached prompt computes them.
     own = [plan.positions.index(op.start) for op in split_tail(plan)[1]]
-    edges = sorted({0, *splits, *own, len(tokens)})
-    for lo, hi in zip(edges, edges[1:]):
-        cache.ctx.decode(tokens[lo:hi], range(lo, hi), PROMPT_SEQ_ID, logits_last=hi == len(tokens))
-    logits = cache.ctx.logits()
-    cache.ctx.seq_rm(PROMPT_SEQ_ID)
-    return logits
-
-
-PROMPT_SEQ_ID = 0  # pc_cpu.cache.PROMPT_SEQ, without importing llama.cpp at collection
+    with cache.full_prefill(tokens, batch_starts=[s for s in (*splits, *own) if s < len(tokens)]) as prefilled:
+        return prefilled.logits()
 
 
 def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool):
     """Returns the last-token logits after building `prompt`'s KV cache (cached or full prefill)."""
-    from pc_cpu.cache import PROMPT_SEQ
-
     cache.load_schema(schema, encode=use_cache)
-    plan = cache.plan(prompt)
-    cache.prefill(plan, use_cache=use_cache)
-    logits = cache.prompts.logits()
-    cache.prompts.seq_rm(PROMPT_SEQ)
-    return logits
+    with cache.prefilled(cache.plan(prompt), use_cache=use_cache) as prefilled:
+        return prefilled.logits()

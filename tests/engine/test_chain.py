@@ -51,7 +51,7 @@ def test_module_encoded_on_demand_is_computed_after_its_whole_chain(make_cache):
 
     assert np.abs(lazy - eager).max() == 0.0
     assert np.abs(preamble - eager).max() > 0.0
-    assert lazy_cache.modules.encoded == 4  # ROOT's preamble, a, b, c
+    assert lazy_cache.modules_encoded == 4  # ROOT's preamble, a, b, c
 
 
 def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_path):
@@ -61,7 +61,7 @@ def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_
     got = on_demand_logits(second, "<c/>")
 
     assert np.abs(got - expected).max() == 0.0
-    assert second.modules.encoded == 0
+    assert second.modules_encoded == 0
     assert not second.modules.resident.contains(("s", "b"))
 
 

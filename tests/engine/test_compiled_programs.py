@@ -40,10 +40,10 @@ def test_compiled_prompt_loads_its_schema_on_first_use_and_imports_what_its_argu
     long = cache.generate(travel(city="Paris", long=True).with_user("Plan it."), max_tokens=4)
     assert travel.name in cache.schema_names
     assert long.modules == ["travel-city", "travel-long"] and len(long.token_ids) == 4
-    encoded = cache.modules.encoded
+    encoded = cache.modules_encoded
     short = cache.generate(travel(city="Rome", long=False), max_tokens=4)
     assert short.modules == ["travel-city", "travel-long-else"]  # the else branch: the union's other member
-    assert set(short.tiers.values()) == {"context"} and cache.modules.encoded == encoded  # loaded once
+    assert set(short.tiers.values()) == {"context"} and cache.modules_encoded == encoded  # loaded once
     layout = cache.layout(travel.name)
     assert layout.modules["travel-long"].start == layout.modules["travel-long-else"].start
     # Cached: both modules but the 4-token param slot and the last token, decoded for its logits,

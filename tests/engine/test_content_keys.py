@@ -21,10 +21,10 @@ def notes(name: str, count: int, *, system: str = SYSTEM) -> str:
 def test_the_same_text_in_two_schemas_is_encoded_once(make_cache, tmp_path):
     cache = make_cache(store=tmp_path / "store")
     cache.load_schema(notes("a", 3))
-    encoded = cache.modules.encoded
+    encoded = cache.modules_encoded
     cells = cache.resident_cells
     cache.load_schema(notes("b", 3))  # another name, the same system message and notes at the same positions
-    assert cache.modules.encoded == encoded
+    assert cache.modules_encoded == encoded
     assert cache.resident_cells == cells  # one set of cells serves both schemas
     result = cache.generate('<prompt schema="b"><n1/><user>How many boxes on shelf 1?</user></prompt>', max_tokens=2)
     assert set(result.tiers.values()) == {"context"}
@@ -37,19 +37,19 @@ def test_appending_a_module_encodes_that_module_only(make_cache, tmp_path):
     first.close()
     second = make_cache(store=store)  # another process: only the store is shared
     second.load_schema(notes("lib", 21))
-    assert second.modules.encoded == 1
+    assert second.modules_encoded == 1
     third = make_cache(store=store)
     third.load_schema(notes("lib", 22))
-    assert third.modules.encoded == 1
+    assert third.modules_encoded == 1
 
 
 def test_another_system_message_encodes_everything_after_it_again(make_cache):
     # The modules attended to the system message: their cells depend on it, and so does the key.
     cache = make_cache(store=False)
     cache.load_schema(notes("a", 2))
-    before = cache.modules.encoded
+    before = cache.modules_encoded
     cache.load_schema(notes("b", 2, system="<system>Answer in French.</system>"))
-    assert cache.modules.encoded - before == len(encoding_keys(cache.layout("b"), cache.encoding))
+    assert cache.modules_encoded - before == len(encoding_keys(cache.layout("b"), cache.encoding))
 
 
 @pytest.mark.tiny_only
@@ -79,7 +79,7 @@ def test_a_schema_three_times_the_context_loads_and_answers(make_cache, tmp_path
 
     assert build_layout(parse_schema(schema), cache.model, cache.markup).length > 3 * 256
     cache.load_schema(schema)
-    assert cache.modules.encoded == 61  # the preamble and each note, once
+    assert cache.modules_encoded == 61  # the preamble and each note, once
     assert cache.resident_cells <= cache.ctx.n_ctx
     result = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3)
     assert result.modules == ["n42", "n7", "n0"] and result.finish_reason in ("stop", "length")
@@ -95,9 +95,9 @@ def test_lengthening_a_module_encodes_that_module_only(make_cache, tmp_path):
     cache.load_schema(notes("lib", 4))
     edited = notes("lib", 4).replace("Note 1: shelf 1 holds 7 boxes of tea.",
                                      "Note 1: shelf 1 holds 7 boxes of green and black tea from Assam.")
-    before = cache.modules.encoded
+    before = cache.modules_encoded
     cache.load_schema(edited)
-    assert cache.modules.encoded - before == 1
+    assert cache.modules_encoded - before == 1
 
 
 def test_a_moved_module_answers_as_in_a_cold_process(make_cache, tmp_path):
@@ -114,7 +114,7 @@ def test_a_moved_module_answers_as_in_a_cold_process(make_cache, tmp_path):
     cold = make_cache(store=tmp_path / "cold")
     cold.load_schema(edited)
     fresh = cold.generate(prompt, max_tokens=6)
-    assert warm.modules.encoded == 1  # n0 only
+    assert warm.modules_encoded == 1  # n0 only
     assert warm.modules.shift_of(warm.layout("lib"), "n2") != 0
     assert moved.token_ids == fresh.token_ids and len(moved.token_ids) > 0
     assert prompt_logits(warm, prompt).tobytes() == prompt_logits(cold, prompt).tobytes()
@@ -188,7 +188,7 @@ def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_ca
     first.close()
     warm = make_cache(store=tmp_path / "warm", flash_attn=flash_attn)
     warm.load_schema(edited)
-    assert warm.modules.encoded == 1  # intro only: a, b and the scaffold come from the store, moved
+    assert warm.modules_encoded == 1  # intro only: a, b and the scaffold come from the store, moved
     assert warm.modules.shift_of(warm.layout("sc"), scaffold_key("both")) > 0
     moved = warm.generate(prompt, max_tokens=6)
     cold = make_cache(store=tmp_path / "cold", flash_attn=flash_attn)

@@ -121,3 +121,24 @@ def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_smol
     assert len(ours) > 0
     assert ours == theirs
     assert np.abs(our_logits - their_logits).max() == 0.0
+
+
+def test_full_prefill_of_a_prompts_tokens_is_the_uncached_prompt(make_cache):
+    # The public baseline (PromptCache.full_prefill) computes where an uncached prompt is computed,
+    # in an empty prompt stream: the same tokens give the same logits, bit for bit, whatever else
+    # the library holds.
+    from pc_cpu.errors import PromptCacheError
+
+    cache = make_cache()
+    cache.load_schema(OTHER)
+    cache.load_schema(SCHEMA)
+    plan = cache.plan(PROMPTS[2])
+    uncached = prompt_logits(cache, PROMPTS[2], use_cache=False)
+    with cache.full_prefill(plan.tokens) as prefilled:
+        assert prefilled.end == len(plan.tokens)
+        assert prefilled.positions() == list(range(len(plan.tokens)))
+        assert prefilled.logits().tobytes() == uncached.tobytes()
+    with pytest.raises(PromptCacheError, match="outside the"):
+        cache.full_prefill(plan.tokens, batch_starts=[len(plan.tokens)])
+    with pytest.raises(PromptCacheError, match="no tokens"):
+        cache.full_prefill([])

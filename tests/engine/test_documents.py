@@ -59,12 +59,8 @@ def home_blob(cache, text):
 
 def prefill_logits(cache, tokens, splits):
     """Returns the last-token logits of `tokens` computed at 0..n-1 in prompt stream 0, in batches starting at `splits`."""
-    edges = sorted({0, *splits, len(tokens)})
-    for lo, hi in zip(edges, edges[1:]):
-        cache.prompts.decode(tokens[lo:hi], range(lo, hi), 0, logits_last=hi == len(tokens))
-    logits = cache.prompts.logits()
-    cache.prompts.seq_rm(0)
-    return logits
+    with cache.full_prefill(tokens, batch_starts=[s for s in splits if s < len(tokens)]) as prefilled:
+        return prefilled.logits()
 
 
 def test_same_text_same_id_encoded_once_and_names_are_aliases(cache_with_store):

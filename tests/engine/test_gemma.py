@@ -42,7 +42,7 @@ def test_gemma_answers_from_modules_beyond_its_sliding_window_and_from_disk(tmp_
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=tmp_path) as second:
         second.load_schema(SCHEMA, encode=False)
         restored = second.generate(PROMPT, max_tokens=16)
-        assert set(restored.tiers.values()) == {"disk"} and second.modules.encoded == 0
+        assert set(restored.tiers.values()) == {"disk"} and second.modules_encoded == 0
     # Restored cells sit in another order in the cache than freshly encoded ones, and with flash
     # attention that rounds differently (measured: logits differ by up to 0.8 here, 1.2 on SmolLM2),
     # enough to flip this prompt's near-tied first token. So: a right answer, not identical tokens.
@@ -146,7 +146,7 @@ def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(t
         assert len(parts.unpack(entry.payload)) > 2
     with gemma(store=tmp_path) as second:
         second.load_schema(LONG)
-        assert second.modules.encoded == 0
+        assert second.modules_encoded == 0
         library = second.modules.sequence_of(second.layout("long"), "doc")
         restored = layer_values(second.ctx, library, (1, 0), second.roles.scratch)
     assert sorted(restored[0].tolist()) == list(range(module.end))  # the preamble's cells and every one of doc's
@@ -171,7 +171,7 @@ def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, cap
                 tier.put(key, Entry(whole, old.n_tokens, old.positions))
     with gemma(store=tmp_path) as second:
         second.load_schema(LONG)
-        assert second.modules.encoded == 1
+        assert second.modules_encoded == 1
     assert "lacks sliding-window cells" in caplog.text
 
 
@@ -195,7 +195,7 @@ def test_a_module_longer_than_the_window_is_computed_at_home_moved_and_kept_whol
         assert set(range(doc.start, doc.end)) <= set(all_cells(first, library))  # every cell, at its place
     with gemma(store=tmp_path) as warm:
         warm.load_schema(LONGER_INTRO)  # doc moves: its stored home cells serve, moved to the new place
-        assert warm.modules.encoded == 1  # intro only
+        assert warm.modules_encoded == 1  # intro only
         layout = warm.layout("moved")
         doc = layout.modules["doc"]
         library = warm.modules.sequence_of(layout, "doc")

@@ -49,7 +49,7 @@ def test_modules_from_the_store_are_reported_done_without_batches(make_cache, tm
     events: list[EncodeProgress] = []
     second = make_cache(n_ctx=4096, store=tmp_path / "store")
     second.load_schema(SCHEMA, progress=events.append)
-    assert second.modules.encoded == 0
+    assert second.modules_encoded == 0
     assert [e.modules_done for e in events] == list(range(1, len(events) + 1))  # no per-batch events
     assert events[-1].finished and events[-1].tokens_done == events[-1].tokens_total
 

@@ -35,7 +35,7 @@ def test_a_second_process_serves_from_disk_without_encoding(make_cache, store_di
     second.load_schema(SCHEMA, encode=False)
     result = second.generate(prompt("b"), max_tokens=6)
     assert result.tiers == {"#root": "disk", "b": "disk"}
-    assert second.modules.encoded == 0
+    assert second.modules_encoded == 0
     assert result.token_ids == expected["b"]
 
 
@@ -46,13 +46,13 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     plain = make_cache(store=store_dir, flash_attn=False)  # V transposed: llama.cpp will not restore flash cells into it
     assert plain.ctx.cells_id != flash.ctx.cells_id == flash.model.info.fingerprint  # older entries keep their key
     plain.load_schema(SCHEMA)
-    assert plain.modules.encoded == flash.modules.encoded > 0  # not served the other layout's cells: its own
+    assert plain.modules_encoded == flash.modules_encoded > 0  # not served the other layout's cells: its own
     result = plain.generate(prompt("b"), max_tokens=6)
     assert result.token_ids == plain.generate(prompt("b"), max_tokens=6, use_cache=False).token_ids
     assert set(plain.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}  # documents too
     again = make_cache(store=store_dir)  # llama.cpp's choice (on, on a CPU) finds the flash entries
     again.load_schema(SCHEMA, encode=False)
-    assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.modules.encoded == 0
+    assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.modules_encoded == 0
 
 
 @pytest.mark.tiny_only  # equal tokens across cell layouts: SmolLM2's rounding flips a near-tie (README)
@@ -68,7 +68,7 @@ def test_evicted_modules_come_back_from_ram_with_the_same_answers(make_cache, st
     assert answers(tight) == expected
     again = tight.generate(prompt("a"), max_tokens=6)
     assert again.tiers["a"] == "ram" and again.token_ids == expected["a"]
-    assert tight.modules.encoded == roomy.modules.encoded  # nothing encoded twice
+    assert tight.modules_encoded == roomy.modules_encoded  # nothing encoded twice
 
 
 def test_restored_cells_sit_at_the_layout_positions(make_cache, store_dir):
