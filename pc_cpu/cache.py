@@ -211,6 +211,11 @@ class PromptCache:
         """Returns the KV cells held by encoded modules."""
         return self._resident.cells
 
+    @property
+    def n_ctx(self) -> int:
+        """Returns the cells the library context holds (the n_ctx asked for, or the model's default)."""
+        return self.ctx.n_ctx
+
     def _loaded(self, name: str) -> LoadedSchema:
         return self.schemas.get(name)
 

@@ -98,29 +98,28 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
                                                 full=len(ids) == job.docs)
                 print(json.dumps({"library": len(ids), **{k: v for k, v in by_size[len(ids)].items()
                                                           if not isinstance(v, list)}}), file=sys.stderr, flush=True)
-        # A prefill of one document's tokens after the preamble, to compare adding one with. Decoded
-        # straight into the prompt context: the exact prefixes the questions left to compute in the
-        # background must be done first, or both would use the context at once (a crash in llama.cpp).
+        # A prefill of one document's tokens after the preamble, to compare adding one with. The exact
+        # prefixes the questions left to compute in the background must be done first: full_prefill
+        # takes the prompt stream they would be using.
         pc.wait_idle()
         prefill_ms = []
         for q in chosen[-20:]:
             tokens = list(preamble) + list(document_tokens(passage_text(questions[q].gold), pc.model))
             t0 = time.perf_counter()
-            pc.prompts.decode(tokens, range(len(tokens)), 0, logits_last=False)
+            pc.full_prefill(tokens).close()
             prefill_ms.append((time.perf_counter() - t0) * 1000)
-            pc.prompts.seq_rm(0)
         disk = next(t for t in pc.store.tiers if t.name == "disk")
         ram = next(t for t in pc.store.tiers if t.name == "ram")
         library_tokens = sum(add_tokens)
         out.update({
-            "library_tokens": library_tokens, "n_ctx": pc.ctx.n_ctx,
+            "library_tokens": library_tokens, "n_ctx": pc.n_ctx,
             "add_ms_last20_median": statistics.median(add_ms[-20:]),
             "prefill_doc_ms_median": statistics.median(prefill_ms),
             "add_vs_prefill": statistics.median(add_ms[-20:]) / statistics.median(prefill_ms),
             "ram_bytes": ram.bytes_used, "disk_bytes": disk.bytes_used, "resident_cells": pc.resident_cells,
             "by_library_size": by_size,
         })
-        model_path, n_ctx = str(pc.model.path), pc.ctx.n_ctx
+        model_path, n_ctx = str(pc.model.path), pc.n_ctx
     token_lists = by_size[job.docs].pop("token_lists")
     if job.peers:
         out["peers"] = llama_peers(model_path, n_ctx, job.threads, token_lists)

@@ -141,7 +141,7 @@ def test_a_context_beyond_the_models_training_context_is_refused(make_cache):
     with pytest.raises(ContextBeyondTrainingError, match=rf"n_ctx={trained + 1:,} is more than the {trained:,} "
                                                           rf"positions model '.*' was trained on.*--n-ctx {trained}"):
         make_cache(n_ctx=trained + 1)
-    assert make_cache(n_ctx=trained, parallel=1).ctx.n_ctx >= trained
+    assert make_cache(n_ctx=trained, parallel=1).n_ctx >= trained
 
 
 def test_parallel_leaves_a_sequence_for_modules(make_cache):

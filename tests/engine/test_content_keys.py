@@ -80,7 +80,7 @@ def test_a_schema_three_times_the_context_loads_and_answers(make_cache, tmp_path
     assert build_layout(parse_schema(schema), cache.model, cache.markup).length > 3 * 256
     cache.load_schema(schema)
     assert cache.modules_encoded == 61  # the preamble and each note, once
-    assert cache.resident_cells <= cache.ctx.n_ctx
+    assert cache.resident_cells <= cache.n_ctx
     result = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3)
     assert result.modules == ["n42", "n7", "n0"] and result.finish_reason in ("stop", "length")
     baseline = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3,

@@ -333,7 +333,7 @@ def test_a_library_three_times_the_context_loads_and_answers(cache_with_store):
              for i in range(40)]
     ids = [cache.add_document(text) for text in texts]
     library_tokens = sum(len(document_tokens(t, cache.model)) for t in texts)
-    assert library_tokens > 3 * cache.ctx.n_ctx
+    assert library_tokens > 3 * cache.n_ctx
     assert cache.resident_cells == 0  # documents live in the byte tiers, not in the context
     result = cache.ask("How many chairs are in room 7?", documents=[ids[7], ids[30], ids[2]], max_tokens=4)
     assert result.finish_reason in ("stop", "length") and result.tiers[ids[30]] == "ram"
