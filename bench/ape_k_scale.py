@@ -35,15 +35,13 @@ F16 = 1  # ggml type id
 
 def scale_document_k(blob: memoryview, home: int, scale: float) -> None:
     """Multiplies, in place, the F16 K rows of every cell at a position >= `home` by `scale`."""
-    lay = state_blob._layout_parse(blob)  # noqa: SLF001 (an experiment reads the layout directly)
-    for sec in lay.sections:
-        moved = sec.positions >= home
-        for rec in sec.k:
-            if rec.type != F16:
-                raise SystemExit(f"K type {rec.type} is not F16; this experiment scales F16 rows only")
-            rows = np.ndarray((sec.n_cell, rec.row_size // 2), dtype=np.float16, buffer=blob,
-                              offset=rec.data_off)
-            rows[moved] = (rows[moved].astype(np.float32) * scale).astype(np.float16)
+    positions = state_blob.section_positions(blob)
+    for rec in state_blob.k_rows(blob):
+        if rec.type != F16:
+            raise SystemExit(f"K type {rec.type} is not F16; this experiment scales F16 rows only")
+        moved = positions[rec.section] >= home
+        rows = np.ndarray((rec.n_cell, rec.row_size // 2), dtype=np.float16, buffer=blob, offset=rec.offset)
+        rows[moved] = (rows[moved].astype(np.float32) * scale).astype(np.float16)
 
 
 @contextlib.contextmanager

@@ -14,8 +14,8 @@ one without knowing the recompute policies:
                 computes the exact prefix (as slow as a full prefill), every later one restores it
 
 Every figure below was measured with `pc-cpu bench documents accuracy` on the odd lines of the
-NQ file (5 passages in a random order, paired with the full prefill; bench/RESULTS.md, section
-"Documents against the full prefill"). A model not in the table (a GGUF of the user's) gets the
+NQ file (5 passages in a random order, paired with the full prefill; bench/RESULTS.md, sections
+"Documents against the full prefill" and "Documents on Qwen"). A model not in the table (a GGUF of the user's) gets the
 same two settings, without figures: "accurate" is exact on any model by construction.
 
 Pure data and lookups: pc_cpu.cache applies a setting, the CLI prints `advice`.
@@ -96,6 +96,16 @@ TABLE: dict[str, ModelDocuments] = {
         # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 1 --n 100 --split odd --task nq
         #     --policy 0 --policy exact-ram   (every answer the full prefill's, text for text; measured 2026-12-04)
         accurate=replace(EXACT, speedup=20.0, n=100)),
+    # pc-cpu bench documents accuracy --model qwen2.5-coder-1.5b --task nq --split odd --n 150 --threads 1
+    #     --policy 0 --policy relevant:1 --encoding library --block 25   (full prefill 72.0%; relevant:1
+    #     +2.0 [-1.3, +5.3] at 4.4x; measured 2026-12-04/05 at commit 1b901fa;
+    #     KV retrieval, the same command with --task kv: -4.0 [-7.3, -1.3] at 7.0x, relevant:1 +0.0 at 3.1x)
+    "qwen2.5-coder-1.5b": ModelDocuments(
+        fast=DocumentSetting("0", vs_full_pts=+2.7, interval=(-2.0, 8.0), speedup=21.5, n=150),
+        # pc-cpu bench documents accuracy --model qwen2.5-coder-1.5b --threads 1 --task nq --split odd --n 150
+        #     --policy 0 --policy exact-ram   (stopped after 24 items, every answer the full prefill's, text for
+        #     text; measured 2026-12-04 at commit 4f6d924)
+        accurate=replace(EXACT, speedup=24.3, n=24)),
 }
 
 

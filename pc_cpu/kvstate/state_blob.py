@@ -321,6 +321,32 @@ def section_positions(blob: BlobLike) -> tuple[np.ndarray, ...]:
     return tuple(sec.positions.copy() for sec in _layout_parse(blob).sections)
 
 
+@dataclass(frozen=True)
+class KRows:
+    """Where one layer's K rows lie in a blob: n_cell rows of row_size bytes from byte `offset`."""
+
+    section: int       # the KV cache (see section_layers)
+    layer: int         # within the section
+    type: int          # ggml_type (0 = F32, 1 = F16)
+    offset: int
+    n_cell: int
+    row_size: int
+
+    @property
+    def size(self) -> int:
+        return self.n_cell * self.row_size
+
+
+def k_rows(blob: BlobLike) -> tuple[KRows, ...]:
+    """Returns where every layer's K rows lie in the blob, section by section, layer by layer.
+
+    For experiments and tests that read or change K in place (a view of the blob's bytes at
+    `offset`); the cells' positions are section_positions(blob)[section], in the same cell order.
+    """
+    return tuple(KRows(s, i, rec.type, rec.data_off, sec.n_cell, rec.row_size)
+                 for s, sec in enumerate(_layout_parse(blob).sections) for i, rec in enumerate(sec.k))
+
+
 def layer_kv(blob: BlobLike, layer: int, *, section: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Returns (positions, K, V) of the `layer`-th layer of KV cache `section`: float32 arrays, one row per cell.
 

@@ -423,13 +423,11 @@ def test_a_question_too_long_for_the_context_is_refused_from_texts_before_encodi
 
 def _k_and_rest(blob) -> tuple[np.ndarray, bytes]:
     """Returns every K value of an F16 blob (every cache) as int16 bits, and the blob with K zeroed."""
-    parsed = state_blob._layout_parse(bytes(blob))
-    rest, ks = bytearray(parsed.buf), []
-    for section in parsed.sections:
-        for k in section.k:
-            size = section.n_cell * k.row_size
-            ks.append(np.frombuffer(parsed.buf, "<i2", size // 2, k.data_off))
-            rest[k.data_off:k.data_off + size] = bytes(size)
+    data = bytes(blob)
+    rest, ks = bytearray(data), []
+    for k in state_blob.k_rows(data):
+        ks.append(np.frombuffer(data, "<i2", k.size // 2, k.offset))
+        rest[k.offset:k.offset + k.size] = bytes(k.size)
     return np.concatenate(ks), bytes(rest)
 
 
