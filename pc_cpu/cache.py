@@ -41,7 +41,7 @@ from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.engine.scheduler import Failed, Job, Request, Scheduler, Text
 from pc_cpu.engine.schema_prompt import SchemaPrompt
 from pc_cpu.engine.sequences import SequenceRoles
-from pc_cpu.engine.streams import open_prompt_streams
+from pc_cpu.engine.streams import full_prefill, open_prompt_streams
 from pc_cpu.engine.turns import ContextLocks, FairLock
 from pc_cpu.errors import ContextBeyondTrainingError, ContextOverflowError, PromptCacheError
 from pc_cpu.kvstate import ops
@@ -95,9 +95,10 @@ class PromptCache:
                 (also the cells of the module before them; pc_cpu.pml.encoding).
             flash_attn: None lets llama.cpp choose (on, on a CPU). False: a cached prompt's few tokens
                 over ~4K cached cells decode ~2.3x faster on a CPU, but "same tokens, same answer" no
-                longer holds everywhere: a scaffold restored from the store answered with other logits
-                than the same schema encoded fresh (docs/performance.md). Cells stored with and without
-                it are kept apart (their V layouts differ).
+                longer holds everywhere: what is still computed in the library context (sliding-window
+                models, the one-pass recompute) then depends on which slots its cells sit in
+                (docs/performance.md). Cells stored with and without it are kept apart (their V
+                layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
@@ -607,13 +608,10 @@ class PromptCache:
         if wrong:
             raise PromptCacheError(f"full_prefill: batch starts {wrong} lie outside the {len(tokens)} tokens; "
                                    f"give token indices in 0..{len(tokens) - 1}")
-        edges = sorted({0, *batch_starts, len(tokens)})
         with self._lock:
             self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
-            self.prompts.seq_rm(PROMPT_SEQ)
-            for lo, hi in zip(edges, edges[1:]):
-                self.prompts.decode(tokens[lo:hi], range(lo, hi), PROMPT_SEQ, logits_last=hi == len(tokens))
-        return PrefilledPrompt(len(tokens), self.prompts, self._lock)
+            end = full_prefill(self.prompts, tokens, PROMPT_SEQ, batch_starts)
+        return PrefilledPrompt(end, self.prompts, self._lock)
 
     @property
     def blender(self) -> Blender | None:

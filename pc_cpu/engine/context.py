@@ -28,8 +28,9 @@ class ContextConfig:
     n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
     threads: int | None = None  # None: every core for batches, half of them for one-token decodes
     # None: llama.cpp decides (on, on a CPU). Off, a cached prompt's few tokens over ~4K cached cells
-    # decode ~2.3x faster, but an exactness test fails: a scaffold restored from the store answers
-    # with other logits than the same schema encoded fresh (docs/performance.md). So off only when asked.
+    # decode ~2.3x faster, but attention then sums a sequence's cells in slot order, so what is still
+    # computed in the library context (sliding-window models, the one-pass recompute) depends on where
+    # its cells sit (docs/performance.md). So off only when asked.
     flash_attn: bool | None = None
     swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
     # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import replace
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from pc_cpu.engine.context import Context
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
@@ -83,11 +83,18 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int) 
         view.release()
 
 
-def full_prefill(prompts: Context, tokens: tuple[int, ...], slot: int) -> int:
-    """Computes `tokens` at positions 0..n-1 of the empty stream `slot` (the baseline); returns n."""
+def full_prefill(prompts: Context, tokens: Sequence[int], slot: int, batch_starts: Sequence[int] = ()) -> int:
+    """Computes `tokens` at positions 0..n-1 of the empty stream `slot` (the baseline); returns n.
+
+    batch_starts: token indices (0 < i < n) where a new llama_decode batch starts, as a cached
+    prompt's runs did (some models' kernels round by batch); none: n_batch chunks.
+    """
     prompts.seq_rm(slot)
-    prompts.decode(tokens, range(len(tokens)), slot)
-    return len(tokens)
+    n = len(tokens)
+    edges = sorted({0, *batch_starts, n})
+    for lo, hi in zip(edges, edges[1:]):
+        prompts.decode(tokens[lo:hi], range(lo, hi), slot, logits_last=hi == n)
+    return n
 
 
 def open_prompt_streams(library: Context, streams: int) -> Context:
