@@ -122,11 +122,13 @@ class PromptCache:
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
         disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
         ropes = _cache_ropes(self.model)
+        self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
         self.documents = Documents(self.model, self.markup, self.prompts, roles, self.store, ropes,
                                    library_dir=library_directory(disk) if disk is not None else None,
                                    max_documents=max_documents,
                                    library_room=LibraryRoom(self.ctx, roles.slots, self._resident.idle_seqs,
-                                                            together=1 if self.model.info.n_swa else None))
+                                                            together=1 if self.model.info.n_swa else None),
+                                   probe=lambda: self._blender.get().probe)
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
         workspace = None if self.model.info.n_swa else Workspace(self.prompts, roles.workspace)
         # load_schema computes modules here, giving way to running prompts between batches (_precompute).
@@ -136,7 +138,6 @@ class PromptCache:
         self._locks = ContextLocks()
         self._lock = self._locks.context  # one thread at a time calls into the context, in arrival order
         self._scheduler = Scheduler(self.ctx, self.prompts, roles, self._lock, batch_invariant=batch_invariant)
-        self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
         self.chat_template = ChatTemplate(self.model.chat_template(), eos_token=self.model.eos_text())
         self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.prompts.cells_id,
                                                 can_cut=not self.model.info.n_swa, mover=self.documents.encoder)
@@ -350,7 +351,8 @@ class PromptCache:
         baseline: a full prefill of the identical tokens. Result.modules lists the document ids;
         Result.tiers says which tier served each (and "#preamble" the system message's).
         recompute: which document tokens to compute again after the documents before them,
-        as for `generate` ("tail:32", "10%", "relevant:1", "all"; not "select:"); see
+        as for `generate` ("tail:32", "10%", "relevant:1", "all", "select:10%": the 10% of the moved
+        documents' tokens whose early-layer K/V deviate most; not "select:…@module"); see
         pc_cpu.pml.documents.with_recompute. Documents are encoded apart, and this buys back
         some of what that costs in answers at the price of computing those tokens.
         order: "given" (the default), or "relevant-first" / "relevant-last" to move the document
@@ -397,6 +399,8 @@ class PromptCache:
         with self._lock:  # as every library read of the façade; tokenizing needs no lock and waits for no step
             docs = self.documents.resolve(documents)
             before = self.documents.before(docs) if encoding == "library" else None
+            if policy.select and options.use_cache:
+                self._blender.get()  # loads the probe here, so that a failure is the caller's
         work = self.documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
                                    use_cache=options.use_cache, prefix=prefix, before=before)
         return self._submit(work, sampling, options, t0)

@@ -156,7 +156,8 @@ def _report(result, as_json: bool, what: str) -> None:
 @model_option
 @generation_options
 @click.option("--recompute", default=None, help="Document tokens to compute again after the documents before "
-              "them: tail:32, head:8,tail:32, 10%, relevant:1 (the document most like the question), all "
+              "them: tail:32, head:8,tail:32, 10%, relevant:1 (the document most like the question), "
+              "select:10% (the moved tokens whose cells deviate most), all "
               "(default: none; documents are encoded apart).")
 @click.option("--order", type=click.Choice(ORDERS), default=None,
               help="Where the document most like the question goes: given (the default), relevant-first, "

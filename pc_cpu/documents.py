@@ -20,6 +20,7 @@ from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.documents import DocumentEncoder
 from pc_cpu.engine.recompute_pass import LibraryRoom
 from pc_cpu.engine.model import Model
+from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
@@ -57,7 +58,7 @@ class Documents:
 
     def __init__(self, model: Model, markup: RoleMarkup, prompts: Context, roles: SequenceRoles, store: TieredStore,
                  ropes: tuple[RopeParams, ...] | None, *, library_dir: Path | None, max_documents: int,
-                 library_room: LibraryRoom | None = None):
+                 library_room: LibraryRoom | None = None, probe: Callable[[], Probe] | None = None):
         self.model = model
         self.markup = markup
         self.prompts = prompts
@@ -65,8 +66,9 @@ class Documents:
         self.library = DocumentLibrary(library_dir, max_documents=max_documents)
         # Questions are assembled in the encoder's workspace; add_document computes in a stream of its
         # own, batch by batch between the scheduler's steps, so it never waits for the workspace.
-        # library_room: the library context's sequences a question borrows to recompute its runs in one pass.
-        self.encoder = DocumentEncoder(prompts, roles.workspace, store, ropes, library_room)
+        # library_room: the library context's sequences a question borrows to recompute its runs in one pass;
+        # probe: the model's first layers, loaded on first use, with which "select:" chooses what to recompute.
+        self.encoder = DocumentEncoder(prompts, roles.workspace, store, ropes, library_room, probe)
         self.adder = DocumentEncoder(prompts, roles.adder, store, ropes)
         self._tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
         self._tokens_lock = threading.Lock()  # server threads ask concurrently

@@ -35,6 +35,7 @@ from pc_cpu.engine.recompute_pass import decode_runs
 from pc_cpu.errors import EngineError, PromptCacheError, StateBlobError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
+from pc_cpu.pml.recompute import contiguous_runs
 
 Run = tuple[int, int]  # positions [start, end)
 
@@ -137,17 +138,6 @@ def deviation(cached, full, positions: np.ndarray) -> np.ndarray:
     ck, cv = by_position(cached)
     fk, fv = by_position(full)
     return ((ck - fk) ** 2).sum(axis=1) + ((cv - fv) ** 2).sum(axis=1)
-
-
-def contiguous_runs(positions: list[int]) -> list[Run]:
-    """Returns sorted positions grouped into runs of adjacent positions."""
-    runs: list[Run] = []
-    for p in positions:
-        if runs and runs[-1][1] == p:
-            runs[-1] = (runs[-1][0], p + 1)
-        else:
-            runs.append((p, p + 1))
-    return runs
 
 
 def runs_by_module(runs: list[Run], plan: Plan) -> list[list[Run]]:

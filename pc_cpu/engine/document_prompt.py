@@ -101,7 +101,7 @@ class DocumentWork:
             return None
         if self._wants_exact:
             return exact_head(self._prefix_key, self.prompt.tail_start)
-        if self.prompt.recomputed:  # recomputed cells: not what the keys say
+        if self.prompt.recomputed or self.prompt.select:  # recomputed cells: not what the keys say
             return None
         starts = (0,) + tuple(doc.start for doc in self.prompt.documents)
         return Head(tuple(zip(self._keys, starts)), self.prompt.tail_start)

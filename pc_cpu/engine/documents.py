@@ -24,14 +24,20 @@ document goes through llama.cpp's seq_add in the workspace stream instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
+import numpy as np
+
+from pc_cpu.engine.blend import deviation
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.context import Context
 from pc_cpu.engine.encoder import OnComputed, Workspace
+from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.relocate import move
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
-from pc_cpu.errors import DocumentError
-from pc_cpu.pml.documents import DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content
+from pc_cpu.errors import DocumentError, PromptCacheError, StateBlobError
+from pc_cpu.pml.documents import (DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content,
+                                  with_runs)
 from pc_cpu.pml.encoding import EncodeJob
 from pc_cpu.pml.layout import Run
 from pc_cpu.result import PREAMBLE, Tier
@@ -54,9 +60,11 @@ class DocumentEncoder:
     """Finds or computes the cells of preambles and documents; assembles a prompt's stream from them."""
 
     def __init__(self, prompts: Context, workspace: int, store: TieredStore, ropes: tuple[RopeParams, ...] | None,
-                 library: LibraryRoom | None = None):
+                 library: LibraryRoom | None = None, probe: Callable[[], Probe] | None = None):
         self.prompts = prompts
         self.library = library  # where several runs are recomputed in one pass (_recompute_in_library); None: never
+        self.probe = probe  # the probe model, loaded on first call ("select:"); None: select is refused
+        self.last_selected: tuple[int, ...] = ()  # positions "select:" chose for the last prompt (tests, tools)
         self.workspace = workspace  # an empty stream of `prompts` where encodings are computed
         self.computer = Workspace(prompts, workspace)
         self.store = store
@@ -151,6 +159,9 @@ class DocumentEncoder:
         The last tail token's logits are then ready to sample from.
         """
         self.prompts.seq_rm(slot)
+        if prompt.select:
+            self.last_selected = self._select(prompt, pieces, slot)
+            prompt = with_runs(prompt, self.last_selected)
         if self.ropes is not None and not prompt.recomputed:
             self.prompts.state_set(slot, self.assembled(pieces))
         elif not (prompt.recomputed and self._recompute_in_library(prompt, pieces, slot)):
@@ -209,6 +220,43 @@ class DocumentEncoder:
             self._buffer = bytearray()
             n = ops.assemble_into(blobs, deltas, self.ropes, n_stream, self._buffer)
         return memoryview(self._buffer)[:n]
+
+    def _select(self, prompt: DocumentPrompt, pieces: list[SavedCells], empty: int) -> tuple[int, ...]:
+        """Returns the positions of the prompt's `selected_tokens` moved-document cells that deviate most, sorted.
+
+        CacheBlend's criterion, as schema prompts have it (pc_cpu.engine.blend): the probe (the
+        model's first layers, pc_cpu.engine.probe) computes the full prefill's K/V at its last layer,
+        the assembled cells give the cached ones at that layer, and the tokens whose K/V moved
+        furthest are computed again. Tokens already in a run are not candidates. `empty`: a free
+        stream of the prompt context (where llama.cpp moves cells when the relocator cannot).
+        """
+        count = prompt.selected_tokens
+        if not count:
+            return ()
+        if self.probe is None:
+            raise PromptCacheError("recompute 'select:…' needs the probe model, which this document encoder "
+                                   "was not given; use head:K, tail:K, a fraction such as 10%, or relevant:K")
+        probe = self.probe()
+        full = probe.kv_of_tokens(prompt.tokens[:prompt.tail_start])
+        section, index = probe.layer
+        try:
+            if self.ropes is not None:
+                view = self.assembled(pieces, 1)
+                try:
+                    cached = ops.layer_kv(view, index, section=section)
+                finally:
+                    view.release()  # the buffer is reused by the assembly that follows
+            else:
+                moved = ops.restore_blob([self.move(piece, empty) for piece in pieces], 1)
+                cached = ops.layer_kv(moved, index, section=section)
+        except StateBlobError as exc:
+            raise PromptCacheError(f"recompute 'select:…' cannot read this model's KV cache ({exc}); "
+                                   "use head:K, tail:K, a fraction such as 10%, or relevant:K instead") from None
+        in_runs = {p for start, end in prompt.recomputed for p in range(start, end)}
+        candidates = np.array([p for p in range(prompt.moved_start, prompt.tail_start) if p not in in_runs],
+                              dtype=np.int64)
+        scores = deviation(cached, full, candidates)
+        return tuple(sorted(candidates[np.argsort(-scores, kind="stable")[:count]].tolist()))
 
     def _recompute_in_library(self, prompt: DocumentPrompt, pieces: list[SavedCells], slot: int) -> bool:
         """Fills the empty stream `slot` with the prompt's cells before its tail, its runs computed in one pass.

@@ -125,13 +125,28 @@ class Probe:
         try:
             assemble(self.ctx, Plan(plan.schema, decodes, plan.modules), _PROBE_SEQ, lambda key: None)
             apply_pending_shifts(self.ctx, _SHIFT_SEQ)
-            if self.layer is None:
-                counts = ops.section_layers(self.ctx.state_get(_PROBE_SEQ))
-                section = max(i for i, n in enumerate(counts) if n)  # any cache with probe layers does
-                self.layer = (section, counts[section] - 1)
-            return layer_values(self.ctx, _PROBE_SEQ, self.layer, _SHIFT_SEQ)
+            return self._last_layer()
         finally:
             self.ctx.seq_rm(_PROBE_SEQ)
+
+    def kv_of_tokens(self, tokens: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Returns (positions, K, V) of the probe's last layer after a full prefill of `tokens` at 0..n-1.
+
+        A question over documents (pc_cpu.engine.documents) has no plan: its tokens sit back to back.
+        """
+        try:
+            self.ctx.decode(tokens, range(len(tokens)), _PROBE_SEQ, logits_last=False)
+            return self._last_layer()
+        finally:
+            self.ctx.seq_rm(_PROBE_SEQ)
+
+    def _last_layer(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Returns the probe sequence's (positions, K, V) at the probe's last layer, finding that layer once."""
+        if self.layer is None:
+            counts = ops.section_layers(self.ctx.state_get(_PROBE_SEQ))
+            section = max(i for i, n in enumerate(counts) if n)  # any cache with probe layers does
+            self.layer = (section, counts[section] - 1)
+        return layer_values(self.ctx, _PROBE_SEQ, self.layer, _SHIFT_SEQ)
 
 
 def layer_values(ctx: Context, seq: int, layer: tuple[int, int], scratch: int) -> tuple[np.ndarray, ...]:

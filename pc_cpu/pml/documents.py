@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.pml.encoding import content_digest
-from pc_cpu.pml.recompute import RecomputePolicy, most_relevant
+from pc_cpu.pml.recompute import RecomputePolicy, contiguous_runs, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.pml.tokenizer import Tokenizer
@@ -196,6 +196,10 @@ class DocumentPrompt:
     documents: tuple[PlacedDocument, ...]  # back to back from `home`, in the caller's order
     tail: tuple[int, ...]  # computed for every prompt, after the documents
     recomputed: tuple[tuple[int, int], ...] = ()  # document positions [start, end) computed again, in order
+    # Share of the moved documents' tokens (every document but the first) that the engine computes
+    # again besides `recomputed`: those whose early-layer K/V deviate most from a full prefill's
+    # ("select:R"; pc_cpu.engine.documents picks them once the cells are assembled).
+    select: float = 0.0
 
     @property
     def home(self) -> int:
@@ -222,7 +226,23 @@ class DocumentPrompt:
 
     @property
     def recomputed_tokens(self) -> int:
-        return sum(end - start for start, end in self.recomputed)
+        """Returns how many document tokens are computed again: the runs' and the selected ones."""
+        return sum(end - start for start, end in self.recomputed) + self.selected_tokens
+
+    @property
+    def moved_start(self) -> int:
+        """Returns the first position of the moved documents (all but the first): the tail's start if none."""
+        return self.documents[1].start if len(self.documents) > 1 else self.tail_start
+
+    @property
+    def selected_tokens(self) -> int:
+        """Returns how many tokens `select` picks: its share of the moved documents, at most those not in a run."""
+        if not self.select:
+            return 0
+        in_runs = sum(min(end, self.tail_start) - max(start, self.moved_start) for start, end in self.recomputed
+                      if end > self.moved_start)
+        free = self.tail_start - self.moved_start - in_runs
+        return min(free, round(self.select * (self.tail_start - self.moved_start)))
 
 
 ORDERS = ("given", "relevant-first", "relevant-last")  # ask(order=...): where the question's document goes
@@ -273,11 +293,12 @@ def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple
 def check_document_policy(policy: RecomputePolicy) -> RecomputePolicy:
     """Returns `policy` if a question over documents can use it; raises naming the ones it can.
 
-    `select:` asks for a probe of an assembled schema prompt, which documents do not have.
+    `select:R@module` refreshes a schema prompt's modules one after another; a question's runs are
+    computed in one pass (pc_cpu.engine.recompute_pass), so documents take plain `select:R`.
     """
-    if policy.select:
-        raise PromptCacheError("recompute 'select:…' is for schema prompts; with documents use head:K, tail:K, "
-                               "a fraction such as 10%, relevant:K, or all")
+    if policy.select_by_module:
+        raise PromptCacheError(f"recompute {str(policy)!r}: '@module' is for schema prompts; with documents use "
+                               "select:R without it, head:K, tail:K, a fraction such as 10%, relevant:K, or all")
     return policy
 
 
@@ -291,7 +312,8 @@ def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentP
     what a full prefill's tokens would. The first
     document is left out: it sits at its home, after the preamble it was encoded after, so
     its cells already are the full prefill's. `relevant:K` ranks every document against
-    the question's tokens (a first document among the K adds nothing).
+    the question's tokens (a first document among the K adds nothing). `select:R` is left
+    to the engine, which needs the assembled cells to choose (DocumentPrompt.select).
 
     Raises:
         PromptCacheError: a policy documents cannot use (check_document_policy).
@@ -306,10 +328,15 @@ def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentP
         if i != "0":
             doc = prompt.documents[int(i)]
             chosen |= set(range(doc.start, doc.end))
-    runs: list[tuple[int, int]] = []
-    for p in sorted(chosen):
-        if runs and runs[-1][1] == p:
-            runs[-1] = (runs[-1][0], p + 1)
-        else:
-            runs.append((p, p + 1))
-    return DocumentPrompt(prompt.preamble, prompt.documents, prompt.tail, tuple(runs))
+    runs = tuple(contiguous_runs(sorted(chosen)))
+    return DocumentPrompt(prompt.preamble, prompt.documents, prompt.tail, runs, policy.select)
+
+
+def with_runs(prompt: DocumentPrompt, positions: "set[int] | frozenset[int]") -> DocumentPrompt:
+    """Returns the prompt recomputing `positions` besides its runs, as runs of its own, nothing left to select.
+
+    The engine calls it once it has chosen the `select:` share (pc_cpu.engine.documents).
+    """
+    chosen = set(positions).union(*(range(start, end) for start, end in prompt.recomputed))
+    return DocumentPrompt(prompt.preamble, prompt.documents, prompt.tail, tuple(contiguous_runs(sorted(chosen))))
+

@@ -95,6 +95,17 @@ def most_relevant(candidates: Mapping[str, Sequence[int]], query: Sequence[int],
     return sorted(vocab, key=lambda name: (-score(name), order[name]))[:count]
 
 
+def contiguous_runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Returns sorted positions grouped into runs [start, end) of adjacent positions."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
+
+
 def parse_policy(text: "str | float | RecomputePolicy | None") -> RecomputePolicy:
     """Returns the policy `text` describes (see the module docstring); raises naming the valid forms."""
     if text is None:

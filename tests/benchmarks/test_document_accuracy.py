@@ -149,9 +149,9 @@ def test_runs_with_several_passages_per_document_are_their_own_rows(nq_data, tin
 
 
 def test_a_policy_documents_cannot_use_is_refused_before_the_model_loads(capsys):
-    code, _, err = run_main(["bench", "documents", "accuracy", "--model", "/nowhere.gguf", "--policy", "select:10%"],
+    code, _, err = run_main(["bench", "documents", "accuracy", "--model", "/nowhere.gguf", "--policy", "select:10%@module"],
                             capsys)
-    assert code != 0 and "select" in err and "schema prompts" in err
+    assert code != 0 and "@module" in err and "schema prompts" in err
 
 
 def test_a_run_in_blocks_resumes_without_adding_the_answered_items_documents(nq_data, tiny_model_path, tmp_path,

@@ -193,6 +193,55 @@ def test_recomputing_every_moved_document_equals_the_full_prefill_bit_for_bit(ca
     assert cache.store.contains(cache.documents.encoder.prefix_key(prompt))
 
 
+def test_selecting_every_moved_token_equals_the_full_prefill_bit_for_bit(cache_with_store):
+    # select:100% chooses every token of the moved documents: one run after the first document,
+    # the same cells as "all" (above), whatever the deviations say.
+    cache = cache_with_store()
+    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
+    prompt = _prompt(cache, QUESTION, ids)
+    cached = cached_logits(cache, QUESTION, ids, recompute="select:100%")
+    full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
+    assert np.array_equal(cached, full)
+    assert cache.documents.encoder.last_selected == tuple(range(prompt.documents[1].start, prompt.tail_start))
+
+
+def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_store):
+    # The deviation is measured at the probe's last layer (layer 1 of a full prefill of the same
+    # tokens); the chosen tokens are the share with the largest, each now a full prefill's cell
+    # after the cached ones before it, and every other cell keeps its cached bytes.
+    cache = cache_with_store()
+    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
+    prompt = _prompt(cache, QUESTION, ids)
+    moved = range(prompt.documents[1].start, prompt.tail_start)
+    _, plain = cached_logits(cache, QUESTION, ids, state=True)
+    result = cache.ask(QUESTION, documents=ids, max_tokens=1, recompute="tail:2,select:25%", prefix="off",
+                       encoding="preamble")  # as _prompt lays them out
+    chosen = cache.documents.encoder.last_selected
+    tails = {p for doc in prompt.documents[1:] for p in range(doc.end - 2, doc.end)}
+    assert len(chosen) == round(0.25 * len(moved)) and set(chosen) <= set(moved) - tails
+    assert result.uncached_tokens == len(prompt.tail) + len(tails) + len(chosen)
+    cache.prompts.decode(prompt.tokens[:prompt.tail_start], range(prompt.tail_start), 0, logits_last=False)
+    full = state_blob.restream(cache.prompts.state_get(0), 1)
+    cache.prompts.seq_rm(0)
+
+    section, layer = cache.documents.encoder.probe().layer  # layer 1 (on Gemma 3: of the sliding-window cache)
+
+    def layer1(blob):
+        pos, k, v = state_blob.layer_kv(blob, layer, section=section)
+        return {int(p): (kr, vr) for p, kr, vr in zip(pos, k, v)}
+
+    was, want = layer1(plain), layer1(full)
+    far = {p: float(((was[p][0] - want[p][0]) ** 2).sum() + ((was[p][1] - want[p][1]) ** 2).sum())
+           for p in set(moved) - tails}
+    assert min(far[p] for p in chosen) >= max(far[p] for p in far if p not in chosen)
+    _, selected = cached_logits(cache, QUESTION, ids, recompute="tail:2,select:25%", state=True)
+    got = layer1(selected)
+    assert any(not np.array_equal(got[p][0], was[p][0]) for p in chosen)
+    for p in range(prompt.tail_start):
+        if p not in chosen and p not in tails:
+            assert np.array_equal(got[p][0], was[p][0]), p
+
+
 def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_encoded(cache_with_store):
     # head:3 computes the moved document's first 3 tokens again after the first document. Their
     # cells must be exactly those of a full prefill computed in the same batches (the first
@@ -233,8 +282,8 @@ def test_relevant_recomputes_the_document_most_like_the_question(cache_with_stor
     paris = prompt.documents[1]
     assert result.uncached_tokens == len(prompt.tail) + len(paris.tokens)
     assert result.cached_tokens == prompt.cached_tokens - len(paris.tokens)
-    with pytest.raises(PromptCacheError, match="select"):
-        cache.ask(QUESTION, documents=ids, recompute="select:10%")
+    with pytest.raises(PromptCacheError, match="@module"):
+        cache.ask(QUESTION, documents=ids, recompute="select:10%@module")
     with pytest.raises(PromptCacheError, match="sometimes"):
         cache.ask(QUESTION, documents=ids, recompute="sometimes")
 

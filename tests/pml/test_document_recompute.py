@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptCacheError
-from pc_cpu.pml.documents import layout_documents, with_recompute
+from pc_cpu.pml.documents import layout_documents, with_recompute, with_runs
 from pc_cpu.pml.recompute import parse_policy
 
 PREAMBLE = (1, 2, 3)
@@ -41,6 +41,26 @@ def test_counts_move_recomputed_tokens_from_cached_to_computed():
     assert prompt.cached_tokens == len(PREAMBLE) + 12 - 4
 
 
-def test_select_is_refused_naming_the_policies_documents_take():
-    with pytest.raises(PromptCacheError, match="head:K, tail:K"):
-        runs("select:10%")
+def test_select_counts_its_share_of_the_moved_documents_beside_the_runs():
+    # The moved documents b and c hold 8 tokens (7..14); the engine picks which (pc_cpu.engine.documents).
+    prompt = with_recompute(layout_documents(PREAMBLE, DOCS, QUESTION), parse_policy("select:50%"))
+    assert (prompt.recomputed, prompt.selected_tokens) == ((), 4)
+    assert prompt.cached_tokens == len(PREAMBLE) + 12 - 4
+    both = with_recompute(layout_documents(PREAMBLE, DOCS, QUESTION), parse_policy("tail:2,select:25%"))
+    assert (both.recomputed_tokens, both.selected_tokens) == (4 + 2, 2)
+    # Never more than what the runs leave: relevant:1 takes c (3 tokens), 5 are left for 100%.
+    most = with_recompute(layout_documents(PREAMBLE, DOCS, QUESTION), parse_policy("relevant:1,select:100%"))
+    assert (most.selected_tokens, most.cached_tokens) == (5, len(PREAMBLE) + 4)
+    one_document = with_recompute(layout_documents(PREAMBLE, DOCS[:1], QUESTION), parse_policy("select:50%"))
+    assert one_document.selected_tokens == 0  # a first document is at its home: nothing to select from
+
+
+def test_chosen_positions_join_the_runs():
+    prompt = with_recompute(layout_documents(PREAMBLE, DOCS, QUESTION), parse_policy("head:1,select:25%"))
+    assert with_runs(prompt, {9, 8, 14}).recomputed == ((7, 10), (12, 13), (14, 15))
+    assert with_runs(prompt, {9, 8, 14}).selected_tokens == 0
+
+
+def test_select_by_module_is_refused_naming_the_policies_documents_take():
+    with pytest.raises(PromptCacheError, match="select:R without it, head:K, tail:K"):
+        runs("select:10%@module")

@@ -213,8 +213,8 @@ def test_recompute_with_documents_answers_as_ask_does_and_a_bad_one_is_a_400(htt
     body = http.post("/v1/chat/completions", json=_chat(list(library), recompute="all")).json()
     assert body["choices"][0]["message"]["content"] == expected.text
     assert body["usage"]["uncached_tokens"] == expected.uncached_tokens > len(doc_cache.document_tokens(TRAINS))
-    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), recompute="select:10%")), 400)
-    assert "head:K, tail:K" in error["message"]
+    error = _error(http.post("/v1/chat/completions", json=_chat(list(library), recompute="select:10%@module")), 400)
+    assert "@module" in error["message"] and "head:K, tail:K" in error["message"]
 
 
 def test_setting_and_order_with_documents_answer_as_ask_does_and_without_documents_are_a_422(http, library,
