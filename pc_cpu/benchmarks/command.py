@@ -415,6 +415,10 @@ def relocation(model, threads, quick, as_json, count, timing_only):
                    "first). A stopped run then resumes without adding the answered items' documents again.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSON-lines file of every answer; a run with the same file resumes where it stopped.")
+@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the documents' encodings in this directory (default: a temporary one), so that a later "
+                   "run over the same items, e.g. a new policy added to a finished --out file, restores them "
+                   "instead of computing them.")
 @click.option("--summary", "summaries", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Summarize these answer files instead of running (repeatable).")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
@@ -423,7 +427,7 @@ def relocation(model, threads, quick, as_json, count, timing_only):
 @quick_option
 @json_option
 def documents_accuracy(models, threads, policies, orders, task, split, count, docs, per_document, max_tokens,
-                       encodings, library, block, out, summaries, results, quick, as_json):
+                       encodings, library, block, out, store_dir, summaries, results, quick, as_json):
     """Documents against the full prefill: `ask` variants paired with use_cache=False, accuracy and TTFT.
 
     Example: pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --policy 0 --policy relevant:1 --n 300
@@ -440,7 +444,7 @@ def documents_accuracy(models, threads, policies, orders, task, split, count, do
                              orders=tuple(orders) or ("given",), task=task, split=split,
                              n=10 if quick else count, docs=docs, threads=threads, max_tokens=max_tokens or 0,
                              encodings=tuple(encodings) or ("library",), library=library,
-                             per_document=per_document, block=block)
+                             per_document=per_document, block=block, store=store_dir)
         with ExitStack() as stack:
             path = Path(out) if out else Path(stack.enter_context(tempfile.TemporaryDirectory())) / "answers.jsonl"
             with _bar(len(job.models) * job.n, "documents accuracy", as_json) as progress:

@@ -170,3 +170,27 @@ def test_a_run_in_blocks_resumes_without_adding_the_answered_items_documents(nq_
     assert sorted(added) == sorted(set(items[1].documents))  # the answered block's documents are not added again
     assert len(records) == 2 * len(first) and {r["block"] for r in records} == {1}
     assert [r["index"] for r in records] == [items[0].index] * 2 + [items[1].index] * 2
+
+
+def test_a_new_policy_over_a_kept_store_restores_the_documents_instead_of_computing_them(nq_data, tiny_model_path,
+                                                                                        tmp_path):
+    from pc_cpu import PromptCache
+
+    store = tmp_path / "store"
+    job = da.AccuracyJob(models=(str(tiny_model_path),), policies=("0",), n=2, max_tokens=4, store=str(store))
+    first = da.run(job, tmp_path / "answers.jsonl")
+    encoded = []
+    ask = PromptCache.ask
+
+    def counting(self, *args, **kwargs):
+        result = ask(self, *args, **kwargs)
+        encoded.append(self.documents.encoded)
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PromptCache, "ask", counting)
+        records = da.run(job.__class__(**{**job.__dict__, "policies": ("0", "all")}), tmp_path / "answers.jsonl")
+    assert len(records) == len(first) + 2  # only the new policy's answers
+    assert encoded and set(encoded) == {0}  # every document came from the store
+    by = {(r["index"], r["policy"]): r for r in records}
+    assert all(by[(i, "all")]["text"] == by[(i, da.FULL)]["text"] for i in {r["index"] for r in records})
