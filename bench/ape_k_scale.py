@@ -4,7 +4,7 @@ APE (Yang, Chen, Chen, ICLR 2025) divides the attention logits of parallel-encod
 temperature. A logit is q·k, so scaling the cached K of every document cell by s is a temperature
 of 1/s on those cells alone; RoPE is linear, so the scale commutes with the rotation. This script
 scales the K rows of the document cells in the blob `ask` restores (the preamble's and the
-question's cells are untouched), through a patch of pc_cpu.engine.documents, and scores NQ
+question's cells are untouched), through a patch of pc_cpu.engine.document_cells, and scores NQ
 answers against the full prefill of the same tokens, paired. Tuning data only: NQ questions whose
 line in the file is even (the odd ones are kept for reporting, as in `pc-cpu bench documents accuracy`).
 
@@ -27,7 +27,7 @@ from pc_cpu import PromptCache
 from pc_cpu.benchmarks.documents import SYSTEM, correct, passage_text
 from pc_cpu.benchmarks.evaldata import doc_items, load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
-from pc_cpu.engine import documents as engine_documents
+from pc_cpu.engine import document_cells
 from pc_cpu.kvstate import state_blob
 
 F16 = 1  # ggml type id
@@ -47,7 +47,7 @@ def scale_document_k(blob: memoryview, home: int, scale: float) -> None:
 @contextlib.contextmanager
 def k_scale(scale: float, home: int):
     """Scales documents' K in every prompt `ask` assembles while inside."""
-    original = engine_documents.DocumentEncoder.assembled
+    original = document_cells.DocumentEncoder.assembled
 
     def scaled(self, pieces):
         view = original(self, pieces)
@@ -55,11 +55,11 @@ def k_scale(scale: float, home: int):
             scale_document_k(view, home, scale)
         return view
 
-    engine_documents.DocumentEncoder.assembled = scaled
+    document_cells.DocumentEncoder.assembled = scaled
     try:
         yield
     finally:
-        engine_documents.DocumentEncoder.assembled = original
+        document_cells.DocumentEncoder.assembled = original
 
 
 def main() -> None:
@@ -78,7 +78,7 @@ def main() -> None:
     full = []
     started = time.time()
     with tempfile.TemporaryDirectory() as store, PromptCache(args.model, threads=args.threads, store=store) as pc:
-        from pc_cpu.pml.documents import preamble_tokens
+        from pc_cpu.pml.document_layout import preamble_tokens
 
         home = len(preamble_tokens(SYSTEM, pc.model, pc.markup))
         for k, item in enumerate(items):

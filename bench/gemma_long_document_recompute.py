@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' promp
 from pc_cpu import PromptCache
 from pc_cpu.pml.encoding import EncodeJob
 from pc_cpu.pml.layout import Run
-from pc_cpu.pml.documents import preamble_tokens, document_tokens
+from pc_cpu.pml.document_layout import preamble_tokens, document_tokens
 from pc_cpu.kvstate import state_blob, parts
 from pc_cpu.store.entry import Entry
 from tests.engine.test_documents import cached_logits, prefill_logits, _prompt

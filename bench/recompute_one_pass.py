@@ -30,7 +30,7 @@ from pc_cpu import PromptCache
 from pc_cpu.engine import recompute_pass
 from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.kvstate import ops
-from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.pml.document_layout import document_tokens, layout_documents, preamble_tokens, tail_tokens
 
 TOPICS = ["lighthouse keeper", "river ferry", "mountain observatory", "harbour market", "glass workshop"]
 QUESTION = "Which place opens earliest in the morning?"

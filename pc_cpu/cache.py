@@ -49,7 +49,7 @@ from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_after_edit, check_messages
-from pc_cpu.pml.documents import DocumentPrompt, check_document_policy, check_encoding, check_prefix
+from pc_cpu.pml.document_layout import DocumentPrompt, check_document_policy, check_encoding, check_prefix
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.layout import Layout
 from pc_cpu.pml.plan import Plan, build_plan
@@ -61,7 +61,7 @@ from pc_cpu.progress import ProgressCallback, paced
 from pc_cpu.result import AddedDocument, Result
 from pc_cpu.schemas import LoadedSchema, Schemas
 from pc_cpu.store.disk import DiskStore, default_store_dir
-from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, library_directory
+from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, library_directory
 from pc_cpu.store.ram import RamStore
 from pc_cpu.store.resident import ResidentTier
 from pc_cpu.store.tiers import TieredStore
@@ -104,7 +104,7 @@ class PromptCache:
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
                 answer is the one it gets alone; False decodes them in one batch, for more tokens per
                 second, and an answer can then change with the prompts beside it (pc_cpu.engine.scheduler).
-            max_documents: documents the library holds at most (pc_cpu.store.documents); adding a new
+            max_documents: documents the library holds at most (pc_cpu.store.document_library); adding a new
                 text beyond them is refused (DocumentLimitError).
             verbose: show llama.cpp's own log.
         """
@@ -292,14 +292,14 @@ class PromptCache:
         "#preamble": "ram"} for one this call computed after its system message's cells.
 
         The encoding goes to the store, so later processes sharing it encode nothing. A
-        document is encoded after its preamble (pc_cpu.pml.documents): `system` encodes it
+        document is encoded after its preamble (pc_cpu.pml.document_layout): `system` encodes it
         for the system message that `ask` will be given (None: no system message); asking
         with another system message encodes it for that one on first use. On a model whose
         questions take encoding="library" (see `ask`), it is also encoded after the documents
         the library added before it, so that any place a question gives it is ready.
 
         Args:
-            text: the document; it needs a printable character (pc_cpu.pml.documents.has_text).
+            text: the document; it needs a printable character (pc_cpu.pml.document_layout.has_text).
             name: an alias of the id (a file name, say); messages and progress events name the document by it.
             system: the system message to encode it after.
             progress: called with an EncodeProgress (kind "document", pc_cpu.progress) after each batch
@@ -314,7 +314,7 @@ class PromptCache:
 
         Raises:
             DocumentError: no printable text, text too long for the context, a name already used for other
-                text, or one that cannot name a document (pc_cpu.store.documents.check_name).
+                text, or one that cannot name a document (pc_cpu.store.document_library.check_name).
             DocumentLimitError: a name too long, or one name or one document more than the library takes.
             AddCancelledError: `cancel` was set before the encoding finished.
         """
@@ -353,10 +353,10 @@ class PromptCache:
         recompute: which document tokens to compute again after the documents before them,
         as for `generate` ("tail:32", "10%", "relevant:1", "all", "select:10%": the 10% of the moved
         documents' tokens whose early-layer K/V deviate most; not "select:…@module"); see
-        pc_cpu.pml.documents.with_recompute. Documents are encoded apart, and this buys back
+        pc_cpu.pml.document_layout.with_recompute. Documents are encoded apart, and this buys back
         some of what that costs in answers at the price of computing those tokens.
         order: "given" (the default), or "relevant-first" / "relevant-last" to move the document
-        most like the question to the first or last place (pc_cpu.pml.documents.order_documents);
+        most like the question to the first or last place (pc_cpu.pml.document_layout.order_documents);
         the baseline uses the same order.
         setting: "fast" or "accurate", a recompute policy, order and prefix measured on this model, by
         name (pc_cpu.document_settings, which also says what each loses); instead of recompute and
@@ -370,7 +370,7 @@ class PromptCache:
         "off": never (every question is assembled from documents encoded apart).
         encoding: what a document's cells were computed after, besides the system message:
         "library" the documents the library added before it (up to 4, their last 512 tokens;
-        pc_cpu.pml.documents.stand_in_places), as a document in a list is computed, or
+        pc_cpu.pml.document_layout.stand_in_places), as a document in a list is computed, or
         "preamble" the system message alone. The first document of a prompt always takes the
         preamble's (where the full prefill computes it). None: the model's measured choice (its
         "fast" setting, pc_cpu.document_settings; "library" on models not measured).
@@ -532,11 +532,11 @@ class PromptCache:
         `ask` runs the same check on the documents it is given.
 
         Args:
-            question: the question; it needs a printable character (pc_cpu.pml.documents.has_text).
+            question: the question; it needs a printable character (pc_cpu.pml.document_layout.has_text).
             texts: the documents' texts, in the order the prompt places them.
             system: the system message, or None.
             names: one name per text for the error message (default: the documents' ids).
-            order: "given", "relevant-first" or "relevant-last" (pc_cpu.pml.documents.order_documents).
+            order: "given", "relevant-first" or "relevant-last" (pc_cpu.pml.document_layout.order_documents).
 
         Raises:
             PromptCacheError: an empty question.
@@ -686,7 +686,7 @@ def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
 
     None, for a RoPE the relocator does not know (pc_cpu.kvstate.rope.RopeMode) or a
     sliding-window architecture whose second base was not checked: cells are moved with
-    llama.cpp's seq_add instead (pc_cpu.engine.documents, pc_cpu.engine.relocate.copy_moved).
+    llama.cpp's seq_add instead (pc_cpu.engine.document_cells, pc_cpu.engine.relocate.copy_moved).
     """
     try:
         return model.cache_ropes()

@@ -17,10 +17,10 @@ from pc_cpu import crash_guard
 from pc_cpu.document_settings import SETTINGS, advice
 from pc_cpu.errors import PromptCacheError, UnknownEntryError
 from pc_cpu.pml.encoding import ENCODING_MODES
-from pc_cpu.pml.documents import ENCODINGS, NO_TEXT, ORDERS, PREFIXES, check_document_policy, check_question, has_text
+from pc_cpu.pml.document_layout import ENCODINGS, NO_TEXT, ORDERS, PREFIXES, check_document_policy, check_question, has_text
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
-from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS, check_name
+from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, check_name
 
 # Importing this module (and `pc-cpu --help`) loads neither llama.cpp nor numpy nor the benchmarks (about a
 # second): commands import what they use (tests/test_cli_imports.py holds it so).
@@ -534,7 +534,7 @@ def store():
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
 def store_ls(store_dir, as_json):
     """List stored modules and documents' encodings, least recently used first."""
-    from pc_cpu.store.documents import labelled_document
+    from pc_cpu.store.document_library import labelled_document
 
     disk = _open_disk_store(store_dir)
     listing = disk.ls()
@@ -617,7 +617,7 @@ def clear(store_dir, yes):
 
 def _document_library(disk):
     """Returns the document library beside a disk store, or None when it has none (nothing is created)."""
-    from pc_cpu.store.documents import DocumentLibrary, library_directory
+    from pc_cpu.store.document_library import DocumentLibrary, library_directory
 
     directory = library_directory(disk)
     return DocumentLibrary(directory) if directory.is_dir() else None
@@ -631,7 +631,7 @@ def _document_names(disk) -> dict[str, list[str]]:
 
 def _remove_document(disk, id_or_name: str) -> bool:
     """Removes a document (its library file, and its encodings from the disk store); False if none matches."""
-    from pc_cpu.store.documents import remove_document
+    from pc_cpu.store.document_library import remove_document
 
     removed = remove_document(_document_library(disk), [disk], id_or_name)
     if removed is None:

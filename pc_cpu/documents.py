@@ -1,10 +1,10 @@
 """Gives a PromptCache its documents: the library, their tokens, their encoders, and their removal, in one owner.
 
 Four layers each hold one side of a document, and this module is the one place that joins them:
-- pc_cpu.pml.documents lays a question over documents out (pure: tokens and positions);
-- pc_cpu.store.documents keeps the library of texts and names beside the disk tier, and removes
+- pc_cpu.pml.document_layout lays a question over documents out (pure: tokens and positions);
+- pc_cpu.store.document_library keeps the library of texts and names beside the disk tier, and removes
   a document with its encodings (also without a model: `pc-cpu store rm`);
-- pc_cpu.engine.documents finds or computes the documents' cells and assembles a prompt from them;
+- pc_cpu.engine.document_cells finds or computes the documents' cells and assembles a prompt from them;
 - this owner ties them to one model and one pair of contexts, for the façade (PromptCache's
   add_document, ask, remove_document), the CLI and the server.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.documents import DocumentEncoder
+from pc_cpu.engine.document_cells import DocumentEncoder
 from pc_cpu.engine.recompute_pass import LibraryRoom
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.probe import Probe
@@ -25,14 +25,14 @@ from pc_cpu.engine.context import Context
 from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
 from pc_cpu.kvstate.rope import RopeParams
-from pc_cpu.pml.documents import (NO_TEXT, DocumentPrompt, check_encoding, check_prefix,
+from pc_cpu.pml.document_layout import (NO_TEXT, DocumentPrompt, check_encoding, check_prefix,
                                   check_question, document_id, document_tokens, has_text, layout_documents,
                                   order_documents, preamble_tokens, stand_ins, tail_tokens, with_recompute)
 from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
 from pc_cpu.result import AddedDocument, Tier
-from pc_cpu.store.documents import Document, DocumentLibrary, check_name, remove_document, stand_ins_label
+from pc_cpu.store.document_library import Document, DocumentLibrary, check_name, remove_document, stand_ins_label
 from pc_cpu.store.tiers import TieredStore
 
 TOKENS_KEPT = 4096  # documents whose tokens are kept (~1 KB each at 150 tokens)
@@ -156,7 +156,7 @@ class Documents:
         """Returns the question over `docs` (from `resolve`; `names` as the caller gave them) as the scheduler runs it.
 
         Only tokenizes the question (the documents' tokens are kept): it needs no context lock.
-        `prefix`: when the exact prefix is computed and used (pc_cpu.pml.documents.PREFIXES).
+        `prefix`: when the exact prefix is computed and used (pc_cpu.pml.document_layout.PREFIXES).
         `before`: the documents' stand-ins (`before()`) for encoding="library"; None: "preamble".
         """
         if use_cache:

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.models import MODELS
-from pc_cpu.store.documents import MAX_NAMES_PER_DOCUMENT, check_name
+from pc_cpu.store.document_library import MAX_NAMES_PER_DOCUMENT, check_name
 
 if TYPE_CHECKING:
     from pc_cpu.cache import PromptCache

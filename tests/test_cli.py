@@ -292,7 +292,7 @@ def test_ask_json_is_the_result_and_a_second_run_encodes_nothing(tiny_model_path
                                                                   capsys):
     from pathlib import Path
 
-    from pc_cpu.pml.documents import document_id
+    from pc_cpu.pml.document_layout import document_id
 
     store = tmp_path / "store"
     ids = [document_id(Path(path).read_text(encoding="utf-8")) for path in doc_files]
@@ -454,8 +454,8 @@ def test_store_ls_names_documents_and_rm_removes_one_document_only(tiny_model_pa
                                                                     capsys):
     from pathlib import Path
 
-    from pc_cpu.pml.documents import document_id
-    from pc_cpu.store.documents import held_documents
+    from pc_cpu.pml.document_layout import document_id
+    from pc_cpu.store.document_library import held_documents
 
     store = tmp_path / "store"
     boats, trains = (document_id(Path(path).read_text(encoding="utf-8")) for path in doc_files)

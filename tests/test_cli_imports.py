@@ -60,7 +60,7 @@ def test_the_package_names_import_on_first_use():
 
 def test_the_serve_limit_on_documents_is_the_librarys():
     from pc_cpu.cli import cli
-    from pc_cpu.store.documents import DEFAULT_MAX_DOCUMENTS
+    from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS
 
     defaults = {p.name: p.default for p in cli.commands["serve"].params}
     assert defaults["max_documents"] == DEFAULT_MAX_DOCUMENTS

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from pc_cpu.store.disk import DiskStore
-from pc_cpu.store.documents import DocumentLibrary
+from pc_cpu.store.document_library import DocumentLibrary
 from tests.store.conftest import blob_entry, key
 from tests.store.test_disk import damage_three_of_four, files_in, gone_pid, temp_file
 from tests.test_cli import run_main

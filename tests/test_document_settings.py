@@ -9,7 +9,7 @@ from dataclasses import replace
 from pc_cpu import document_settings as ds
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.models import MODELS
-from pc_cpu.pml.documents import ENCODINGS, ORDERS, check_document_policy
+from pc_cpu.pml.document_layout import ENCODINGS, ORDERS, check_document_policy
 from pc_cpu.pml.recompute import parse_policy
 
 

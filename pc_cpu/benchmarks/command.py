@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from pc_cpu.benchmarks.recompute import DEFAULT_POLICIES
-from pc_cpu.pml.documents import ORDERS
+from pc_cpu.pml.document_layout import ORDERS
 from pc_cpu.pml.encoding import ENCODING_MODES
 
 model_option = click.option("--model", default=None, metavar="NAME|PATH",
@@ -460,7 +460,7 @@ def documents_accuracy(models, threads, policies, orders, task, split, count, do
 
 def _check_document_policies(policies) -> None:
     """Raises (before any model loads) for a recompute policy documents cannot use, naming the ones they can."""
-    from pc_cpu.pml.documents import check_document_policy
+    from pc_cpu.pml.document_layout import check_document_policy
     from pc_cpu.pml.recompute import parse_policy
 
     from pc_cpu.benchmarks.document_accuracy import REPEATED

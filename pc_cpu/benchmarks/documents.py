@@ -36,7 +36,7 @@ from pc_cpu.benchmarks.scoring import normalize_answer
 from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.relocate import apply_pending_shifts
 from pc_cpu.errors import DocumentError
-from pc_cpu.pml.documents import document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.pml.document_layout import document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import ops
 
 SYSTEM = "Answer the question from the documents, in a few words."

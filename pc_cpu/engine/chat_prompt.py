@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.documents import DocumentEncoder, SavedCells
+from pc_cpu.engine.document_cells import DocumentEncoder, SavedCells
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
 from pc_cpu.kvstate import ops
 from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest,

@@ -1,6 +1,6 @@
 """A question over documents as the scheduler runs it: assembled from saved cells by the DocumentEncoder.
 
-prepare() finds or computes the preamble's and each document's cells (pc_cpu.engine.documents)
+prepare() finds or computes the preamble's and each document's cells (pc_cpu.engine.document_cells)
 and keeps them until prefill() moves them into the prompt's stream; the question is
 computed there. The baseline (use_cache=False) is a full prefill of the identical tokens.
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from pc_cpu.engine.documents import DocumentEncoder, SavedCells
+from pc_cpu.engine.document_cells import DocumentEncoder, SavedCells
 from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask, same_head
-from pc_cpu.pml.documents import DocumentPrompt
+from pc_cpu.pml.document_layout import DocumentPrompt
 from pc_cpu.result import PREAMBLE, Tier
-from pc_cpu.store.documents import stand_ins_label
+from pc_cpu.store.document_library import stand_ins_label
 from pc_cpu.store.keys import StoreKey
 
 
@@ -43,7 +43,7 @@ class DocumentWork:
     prompt: DocumentPrompt
     encoder: DocumentEncoder
     use_cache: bool
-    prefix: str = "off"  # pc_cpu.pml.documents.PREFIXES: when the exact prefix is computed and used
+    prefix: str = "off"  # pc_cpu.pml.document_layout.PREFIXES: when the exact prefix is computed and used
     _pieces: list[SavedCells] | None = None  # prepare's cells, until prefill restores them
     _exact: str | None = None  # STORED, HELD or COMPUTED once the exact prefix serves this prompt
     _exact_blob: bytes | None = None  # a STORED prefix's cells, until prefill restores them

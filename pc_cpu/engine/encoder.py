@@ -40,7 +40,7 @@ class Workspace:
         """Returns the state blob, in a layout of `n_stream` streams, of the job's run computed after its context.
 
         This is where every segment computed apart gets its cells: a schema's module runs, and a
-        document's preamble and the document after it (pc_cpu.engine.documents). `context_cells`:
+        document's preamble and the document after it (pc_cpu.engine.document_cells). `context_cells`:
         the context's own cells (a one-stream blob, as computed here), restored instead of
         computed again: the same bytes, none of the time. The workspace is empty before and after.
         """

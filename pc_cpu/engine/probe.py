@@ -132,7 +132,7 @@ class Probe:
     def kv_of_tokens(self, tokens: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns (positions, K, V) of the probe's last layer after a full prefill of `tokens` at 0..n-1.
 
-        A question over documents (pc_cpu.engine.documents) has no plan: its tokens sit back to back.
+        A question over documents (pc_cpu.engine.document_cells) has no plan: its tokens sit back to back.
         """
         try:
             self.ctx.decode(tokens, range(len(tokens)), _PROBE_SEQ, logits_last=False)

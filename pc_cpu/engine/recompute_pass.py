@@ -33,7 +33,7 @@ its free cells were (between resident modules' cells when a schema is loaded). A
 holds no module (a documents-only cache) gives the same layout every time, so the same bits;
 with modules resident, the recomputed cells can differ in their last bits with the library's
 history, as a schema prompt's recomputed cells do. A prompt with one run does not come here
-(pc_cpu.engine.documents takes it through its own stream, exactly as before: `recompute="all"`
+(pc_cpu.engine.document_cells takes it through its own stream, exactly as before: `recompute="all"`
 stays the full prefill, bit for bit).
 
 Borrowed sequences are the library's idle ones (ResidentTier.idle_seqs, as the select: blender

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from pc_cpu.errors import PromptError
-from pc_cpu.pml.documents import DocumentPrompt, layout_documents
+from pc_cpu.pml.document_layout import DocumentPrompt, layout_documents
 from pc_cpu.pml.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -161,7 +161,7 @@ def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokeniz
                 add_generation_prompt: bool = True) -> ChatPrompt:
     """Returns the ChatPrompt of checked messages (check_messages) as `template` renders them.
 
-    documents: (id, tokens) pairs (pc_cpu.pml.documents.document_tokens), placed back to back
+    documents: (id, tokens) pairs (pc_cpu.pml.document_layout.document_tokens), placed back to back
     at the start of the first user message, before its text, as `ask` places them before the
     question; they end a decode call, as the prefix of `ask`'s full prefill does.
 

@@ -35,11 +35,11 @@ from pc_cpu.engine.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import AFTER_EDIT
-from pc_cpu.pml.documents import ENCODINGS, PREFIXES
+from pc_cpu.pml.document_layout import ENCODINGS, PREFIXES
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
 from pc_cpu.server.chat import Message
-from pc_cpu.store.documents import Document
+from pc_cpu.store.document_library import Document
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -160,7 +160,7 @@ class ChatRequest(SamplingRequest):
     documents: Optional[list[str]] = None  # ids or names: answer with PromptCache.ask instead of a schema
     setting: Optional[str] = None  # with documents: "fast" or "accurate" (pc_cpu.document_settings)
     order: Optional[str] = None  # with documents: "given", "relevant-first" or "relevant-last"
-    prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.documents)
+    prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.document_layout)
     encoding: Optional[str] = None  # with documents: "library" or "preamble" (PromptCache.ask); None: the model's
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     # a conversation: "recompute" or "reuse" the turns after an edited message (PromptCache.chat)

@@ -4,7 +4,7 @@ An encoding's cells depend on the model, the encoding mode, and what was compute
 make them: the tokens they attended to (the preamble; in chain mode the neighbour's
 encoding), their own tokens, and the positions they were computed at. The key names
 exactly that (`content`, pc_cpu.pml.encoding.content_digest of it, made by whoever describes
-the encoding: encoding_content for schema modules, pc_cpu.pml.documents for documents; both at the
+the encoding: encoding_content for schema modules, pc_cpu.pml.document_layout for documents; both at the
 encoding's home, where it is computed before it is moved into place), and nothing else: so the same module text after the same preamble is one
 entry whichever schema or document library asks for it, and editing one module
 leaves the keys of the others alone. Change anything the cells depend on and the key

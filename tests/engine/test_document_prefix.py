@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.document_settings import settings_for
-from pc_cpu.engine.documents import DocumentEncoder
+from pc_cpu.engine.document_cells import DocumentEncoder
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.recompute import parse_policy
-from pc_cpu.store.documents import PREFIX_LABEL
+from pc_cpu.store.document_library import PREFIX_LABEL
 from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION
 from tests.engine.test_stream_reuse import count_calls
 

@@ -21,7 +21,7 @@ from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.recompute_pass import LibraryRoom, groups, recompute_in_library
 from pc_cpu.errors import EngineError
 from pc_cpu.kvstate import ops, state_blob
-from pc_cpu.pml.documents import with_recompute
+from pc_cpu.pml.document_layout import with_recompute
 from pc_cpu.pml.recompute import parse_policy
 from tests.conftest import prefill_logits
 from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION, _prompt

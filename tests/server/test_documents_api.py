@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from pc_cpu.pml.documents import document_id
+from pc_cpu.pml.document_layout import document_id
 from pc_cpu.server import ServerThread
 from pc_cpu.store.disk import DiskStore
-from pc_cpu.store.documents import document_label, held_documents
+from pc_cpu.store.document_library import document_label, held_documents
 from tests.server.conftest import sse_events
 
 BOATS = "Boats float on the sea. The harbour keeps them safe at night."

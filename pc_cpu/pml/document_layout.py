@@ -198,7 +198,7 @@ class DocumentPrompt:
     recomputed: tuple[tuple[int, int], ...] = ()  # document positions [start, end) computed again, in order
     # Share of the moved documents' tokens (every document but the first) that the engine computes
     # again besides `recomputed`: those whose early-layer K/V deviate most from a full prefill's
-    # ("select:R"; pc_cpu.engine.documents picks them once the cells are assembled).
+    # ("select:R"; pc_cpu.engine.document_cells picks them once the cells are assembled).
     select: float = 0.0
 
     @property
@@ -335,7 +335,7 @@ def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentP
 def with_runs(prompt: DocumentPrompt, positions: "set[int] | frozenset[int]") -> DocumentPrompt:
     """Returns the prompt recomputing `positions` besides its runs, as runs of its own, nothing left to select.
 
-    The engine calls it once it has chosen the `select:` share (pc_cpu.engine.documents).
+    The engine calls it once it has chosen the `select:` share (pc_cpu.engine.document_cells).
     """
     chosen = set(positions).union(*(range(start, end) for start, end in prompt.recomputed))
     return DocumentPrompt(prompt.preamble, prompt.documents, prompt.tail, tuple(contiguous_runs(sorted(chosen))))

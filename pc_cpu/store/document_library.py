@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
-from pc_cpu.pml.documents import stand_in_places
+from pc_cpu.pml.document_layout import stand_in_places
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.store.atomic import find_orphans, write_atomically
 from pc_cpu.store.base import ModuleStore
@@ -87,7 +87,7 @@ STAND_INS_LABEL = "document stand-ins"  # then the ids of the documents whose to
 
 
 def stand_ins_label(doc_ids: Iterable[str]) -> str:
-    """Returns the store label of a stand-in context (pc_cpu.pml.documents.stand_ins) made of these documents.
+    """Returns the store label of a stand-in context (pc_cpu.pml.document_layout.stand_ins) made of these documents.
 
     It names every one of them, so that removing any of them removes the context too: its cells hold that text.
     """
@@ -186,7 +186,7 @@ class Document:
     text: str
     names: list[str] = field(default_factory=list)
     added: float = 0.0  # unix seconds
-    # The documents it was encoded after (its stand-ins, pc_cpu.pml.documents.stand_in_places) when it was
+    # The documents it was encoded after (its stand-ins, pc_cpu.pml.document_layout.stand_in_places) when it was
     # added, oldest first; None in files written before they were recorded.
     after: list[str] | None = None
 
@@ -261,7 +261,7 @@ class DocumentLibrary:
         return self._docs.get(doc_id)
 
     def stand_ins(self, doc_ids: Iterable[str]) -> dict[str, list[Document]]:
-        """Returns, per id, the documents it is encoded after (pc_cpu.pml.documents.stand_in_places), oldest first.
+        """Returns, per id, the documents it is encoded after (pc_cpu.pml.document_layout.stand_in_places), oldest first.
 
         A document not in the library takes the place the next one added would.
         A document keeps the stand-ins recorded when it was added while they all are in the

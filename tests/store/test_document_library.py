@@ -12,7 +12,7 @@ import pytest
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.store import file_lock
 from pc_cpu.store.atomic import ORPHAN_AGE_S
-from pc_cpu.store.documents import MAX_NAMES_PER_DOCUMENT, DocumentLibrary
+from pc_cpu.store.document_library import MAX_NAMES_PER_DOCUMENT, DocumentLibrary
 
 ROUNDS = MAX_NAMES_PER_DOCUMENT  # a text that wins every round of _claim_names then has every name it may have
 CONTEXT = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -183,7 +183,7 @@ def test_the_limits_hold_in_memory_too():
 
 def _document_key(doc_id: str, model: str = "model-A"):
     from pc_cpu.pml.encoding import content_digest
-    from pc_cpu.store.documents import document_label
+    from pc_cpu.store.document_library import document_label
     from pc_cpu.store.keys import StoreKey
 
     return StoreKey(model=model, content=content_digest("doc", doc_id, model), mode="document",
@@ -191,7 +191,7 @@ def _document_key(doc_id: str, model: str = "model-A"):
 
 
 def test_removing_a_document_takes_its_entry_and_its_encodings_from_every_tier_and_nothing_else():
-    from pc_cpu.store.documents import remove_document
+    from pc_cpu.store.document_library import remove_document
     from pc_cpu.store.ram import RamStore
     from tests.store.conftest import entry, key
 
@@ -214,7 +214,7 @@ def test_removing_a_document_takes_its_entry_and_its_encodings_from_every_tier_a
 
 
 def test_removing_an_id_without_a_library_entry_still_takes_its_encodings_and_an_unknown_one_nothing():
-    from pc_cpu.store.documents import remove_document
+    from pc_cpu.store.document_library import remove_document
     from pc_cpu.store.ram import RamStore
     from tests.store.conftest import entry
 
@@ -229,7 +229,7 @@ def test_removing_an_id_without_a_library_entry_still_takes_its_encodings_and_an
 
 
 def test_a_store_label_names_a_document_only_when_it_is_one():
-    from pc_cpu.store.documents import document_label, labelled_document
+    from pc_cpu.store.document_library import document_label, labelled_document
 
     assert labelled_document(document_label("doc-" + "5" * 16)) == "doc-" + "5" * 16
     assert labelled_document("trip/paris") is None
@@ -280,7 +280,7 @@ def test_a_document_file_without_recorded_stand_ins_reads_as_before(tmp_path):
 
 
 def test_removing_a_document_takes_the_stand_in_contexts_and_prefixes_holding_it():
-    from pc_cpu.store.documents import prefix_label, remove_document, stand_ins_label
+    from pc_cpu.store.document_library import prefix_label, remove_document, stand_ins_label
     from pc_cpu.store.ram import RamStore
     from tests.store.conftest import entry
 

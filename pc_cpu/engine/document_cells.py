@@ -1,7 +1,7 @@
 """Encodes documents once, and assembles a prompt's documents into its stream by moving their saved cells.
 
 Each document is computed once per context, right after it: the preamble alone
-(its home), or the preamble and its stand-ins (pc_cpu.pml.documents). A context is
+(its home), or the preamble and its stand-ins (pc_cpu.pml.document_layout). A context is
 encoded like a preamble, once, and restored under each document computed after it;
 all of it in the encoders' workspace stream, from slot 0: the same bytes in every
 process. Its state blob goes to the byte tiers under its
@@ -36,13 +36,13 @@ from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.relocate import move
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError, PromptCacheError, StateBlobError
-from pc_cpu.pml.documents import (DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content,
+from pc_cpu.pml.document_layout import (DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content,
                                   with_runs)
 from pc_cpu.pml.encoding import EncodeJob
 from pc_cpu.pml.layout import Run
 from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.kvstate import ops
-from pc_cpu.store.documents import document_label, prefix_label
+from pc_cpu.store.document_library import document_label, prefix_label
 from pc_cpu.store.keys import StoreKey
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore

@@ -1,11 +1,11 @@
-"""pc_cpu.pml.documents: text that cannot become UTF-8 is refused by name, before a tokenizer or a hash sees it."""
+"""pc_cpu.pml.document_layout: text that cannot become UTF-8 is refused by name, before a tokenizer or a hash sees it."""
 
 from __future__ import annotations
 
 import pytest
 
 from pc_cpu.errors import DocumentError, PromptCacheError
-from pc_cpu.pml.documents import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, check_encoding, check_question, document_id,
+from pc_cpu.pml.document_layout import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, check_encoding, check_question, document_id,
                                   layout_documents, order_documents, preamble_tokens, stand_in_places, stand_ins)
 from tests.fake_tokenizer import WordTokenizer
 from tests.pml.conftest import CHATML_MARKUP, utf8_refusal
