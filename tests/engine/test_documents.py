@@ -242,6 +242,19 @@ def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_
             assert np.array_equal(got[p][0], was[p][0]), p
 
 
+def test_a_stream_holding_selected_cells_is_not_reused_as_the_documents_cells(cache_with_store):
+    # The cells a select: prompt leaves in its slot are not what the documents' keys say: the next
+    # question over the same documents must restore them, not reuse that stream (one slot: the
+    # select: prompt takes the one a plain prompt left).
+    cache = cache_with_store(parallel=1)
+    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
+    plain = {"documents": ids, "max_tokens": 1, "prefix": "off"}
+    cache.ask(QUESTION, **plain)
+    assert set(cache.ask(QUESTION, **plain).tiers.values()) == {"context"}  # a plain one is reused
+    cache.ask(QUESTION, recompute="select:50%", **plain)
+    assert "context" not in set(cache.ask(QUESTION, **plain).tiers.values())
+
+
 def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_encoded(cache_with_store):
     # head:3 computes the moved document's first 3 tokens again after the first document. Their
     # cells must be exactly those of a full prefill computed in the same batches (the first
