@@ -175,34 +175,24 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     assert np.argmax(cached) == np.argmax(computed_there)
 
 
-def test_recomputing_every_moved_document_equals_the_full_prefill_bit_for_bit(cache_with_store):
+def test_recomputing_or_selecting_every_moved_document_equals_the_full_prefill_bit_for_bit(cache_with_store):
     # "all": the documents after the first are computed again, in one run after the first
     # document's cells (its encoded ones: already the full prefill's), so the prompt is a full
-    # prefill computed in these batches.
+    # prefill computed in these batches. select:100% chooses every token of the moved documents,
+    # whatever the deviations say: the same one run, the same cells.
     cache = cache_with_store()
     ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
     prompt = _prompt(cache, QUESTION, ids)
-    cached = cached_logits(cache, QUESTION, ids, recompute="all")
     full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
-    assert np.array_equal(cached, full)
+    for policy in ("all", "select:100%"):
+        assert np.array_equal(cached_logits(cache, QUESTION, ids, recompute=policy), full), policy
+    assert cache.documents.encoder.last_selected == tuple(range(prompt.documents[1].start, prompt.tail_start))
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all", prefix="off")
     assert result.uncached_tokens == len(prompt.tail) + len(prompt.tokens) - prompt.documents[1].start - len(prompt.tail)
     # With exact prefixes (the default), "all" computes the whole prefix afresh instead, and stores it.
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all")
     assert (result.cached_tokens, result.uncached_tokens) == (0, len(prompt.tokens))
     assert cache.store.contains(cache.documents.encoder.prefix_key(prompt))
-
-
-def test_selecting_every_moved_token_equals_the_full_prefill_bit_for_bit(cache_with_store):
-    # select:100% chooses every token of the moved documents: one run after the first document,
-    # the same cells as "all" (above), whatever the deviations say.
-    cache = cache_with_store()
-    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS)]
-    prompt = _prompt(cache, QUESTION, ids)
-    cached = cached_logits(cache, QUESTION, ids, recompute="select:100%")
-    full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
-    assert np.array_equal(cached, full)
-    assert cache.documents.encoder.last_selected == tuple(range(prompt.documents[1].start, prompt.tail_start))
 
 
 def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_store):
