@@ -79,7 +79,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plain", action="store_true", help="no chat markup around the question")
     parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
-                        help="PromptCache(flash_attn=...): auto lets llama.cpp choose (pc_cpu's default)")
+                        help="PromptCache(flash_attn=...): auto is pc_cpu's default (off, unless the model has a "
+                             "sliding window: pc_cpu.engine.context.default_flash_attn)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -105,7 +106,8 @@ def main() -> None:
     base = statistics.median(times["full_prefill"])
     report = {
         "model": pc.model.path.name, "threads": pc.ctx.threads, "repeats": args.repeats,
-        "plain": args.plain, "flash_attn": args.flash_attn, "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
+        "plain": args.plain, "flash_attn": args.flash_attn, "flash_attn_used": pc.ctx.config.flash_attn,
+        "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
         "encode_s": round(encode_s, 2),
         "store_mib": round(sum(p.stat().st_size for p in store_dir.glob("*.pcs")) / 2**20, 1),
     }

@@ -32,7 +32,7 @@ from pc_cpu.engine.blend import Blender, LazyBlender
 from pc_cpu.engine.cell_store import CellStore
 from pc_cpu.engine.chat_prompt import ChatWork, ConversationCells
 from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.context import Context, ContextConfig
+from pc_cpu.engine.context import Context, ContextConfig, default_flash_attn
 from pc_cpu.engine.encoder import Workspace
 from pc_cpu.engine.model import Model
 from pc_cpu.engine.modules import ModuleCache
@@ -93,12 +93,11 @@ class PromptCache:
             parallel: prompts generating at once (their steps interleaved); more wait their turn.
             encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
                 (also the cells of the module before them; pc_cpu.pml.encoding).
-            flash_attn: None lets llama.cpp choose (on, on a CPU). False: a cached prompt's few tokens
-                over ~4K cached cells decode ~2.3x faster on a CPU, but "same tokens, same answer" no
-                longer holds everywhere: what is still computed in the library context (sliding-window
-                models, the one-pass recompute) then depends on which slots its cells sit in
-                (docs/performance.md). Cells stored with and without it are kept apart (their V
-                layouts differ).
+            flash_attn: None: off, except on sliding-window models, where llama.cpp chooses (on, on a
+                CPU; pc_cpu.engine.context.default_flash_attn). Off, a cached prompt's few tokens over
+                thousands of cached cells decode ~2x faster, and so does each generated token; a full
+                prefill costs the same (Qwen2.5) or up to ~28% more (SmolLM2) (docs/performance.md).
+                Cells stored with and without it are kept apart (their V layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
@@ -114,7 +113,8 @@ class PromptCache:
         self.model, self.ctx, self.prompts = _open_contexts(
             Model(resolve_model_path(model), verbose=verbose), roles,
             lambda model: ContextConfig(n_ctx=n_ctx or min(model.info.n_ctx_train or 8192, 8192),
-                                        n_seq_max=n_seq_max, threads=threads, flash_attn=flash_attn))
+                                        n_seq_max=n_seq_max, threads=threads,
+                                        flash_attn=default_flash_attn(model.info) if flash_attn is None else flash_attn))
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
         self.roles = roles

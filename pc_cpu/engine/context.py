@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import llama_cpp
 import numpy as np
 
-from pc_cpu.engine.model import Model
+from pc_cpu.engine.model import Model, ModelInfo
 from pc_cpu.errors import ContextOverflowError, EngineError
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
@@ -27,10 +27,7 @@ class ContextConfig:
     n_batch: int = 512  # tokens per llama_decode call; longer inputs are split
     n_seq_max: int = 64  # sequence ids 0..n_seq_max-1
     threads: int | None = None  # None: every core for batches, half of them for one-token decodes
-    # None: llama.cpp decides (on, on a CPU). Off, a cached prompt's few tokens over ~4K cached cells
-    # decode ~2.3x faster, but attention then sums a sequence's cells in slot order, so what is still
-    # computed in the library context (sliding-window models, the one-pass recompute) depends on where
-    # its cells sit (docs/performance.md). So off only when asked.
+    # None: llama.cpp decides (on, on a CPU). PromptCache passes default_flash_attn(model) unless asked.
     flash_attn: bool | None = None
     swa_full: bool = True  # keep cells outside a sliding window: modules far back stay visible
     # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).
@@ -38,6 +35,20 @@ class ContextConfig:
     # cells arrive, and attention sums only that stream: a prompt's result then depends on its
     # own cells alone (see pc_cpu.engine.streams).
     kv_unified: bool = True
+
+
+def default_flash_attn(info: ModelInfo) -> bool | None:
+    """Returns PromptCache's flash attention for a model: off, or None (llama.cpp's choice, on) for a sliding window.
+
+    Off, a cached prompt's few tokens over thousands of cached cells decode ~1.7-2x faster on a
+    CPU (llama.cpp's flash-attention kernel walks every cell once per query row), and so does each
+    generated token; a full prefill costs the same on Qwen2.5 and ~28% more on SmolLM2
+    (docs/performance.md). Without flash attention, attention sums a sequence's cells in slot
+    order, so cells keep their bits only where they are computed from slot 0 of a stream of their
+    own: the workspace. Sliding-window models have none and compute in the library context,
+    where slots depend on what was there before, so they keep llama.cpp's choice.
+    """
+    return None if info.n_swa else False
 
 
 def default_threads() -> int:

@@ -29,10 +29,15 @@ replace cached ones only after every run before them has been computed, so what 
 does not depend on the budget.
 
 Bits: attention sums a sequence's cells in KV-slot order, and in the library they sit where
-its free cells were (between resident modules' cells when a schema is loaded). A library that
-holds no module (a documents-only cache) gives the same layout every time, so the same bits;
-with modules resident, the recomputed cells can differ in their last bits with the library's
-history, as a schema prompt's recomputed cells do. A prompt with one run does not come here
+its free cells were (between resident modules' cells when a schema is loaded). With flash
+attention, only their order counts: a library that holds no module (a documents-only cache)
+gives the same layout every time, so the same bits; with modules resident, the recomputed cells
+can differ in their last bits with the library's history, as a schema prompt's recomputed cells
+do. Without it (pc_cpu's default on models without a sliding window,
+pc_cpu.engine.context.default_flash_attn), the slots themselves count, and a run's new cells sit
+after every staging cell where a stream would put them right after the cells before them: each
+run's cells then differ from the run computed alone in their last bits (at most 4.3e-6 of a K
+row's largest value on F32 weights, tests/engine/test_recompute_pass.py). A prompt with one run does not come here
 (pc_cpu.engine.document_cells takes it through its own stream, exactly as before: `recompute="all"`
 stays the full prefill, bit for bit).
 

@@ -71,7 +71,10 @@ def test_cached_demo_answers_come_from_the_documents(packaged_cache):
 
 def test_each_union_member_answers_its_own_question(packaged_cache):
     packaged_cache.load_schema(demo_schema())
-    expected = {"observatory": "41,000", "railway": "212"}
+    # Not the observatory's 41,000: on SmolLM2 it is a near tie with "4,000" that rounding decides.
+    # With flash attention on, the cached prompt answered 41,000 and the full prefill 4,000; without
+    # it (pc_cpu's default since 2026-12-05) the other way round (same demo, same tokens).
+    expected = {"harbor": "1987", "railway": "212"}
     for doc, question in QUESTIONS:
         if doc in expected:
             answer = packaged_cache.generate(demo_prompt(doc, question), max_tokens=32).text
