@@ -175,7 +175,7 @@ def scaffolded(intro: str) -> str:
             '<module name="b">Note b: shelf 2 holds 14 boxes of tea.</module></scaffold></schema>')
 
 
-@pytest.mark.parametrize("flash_attn", [None, False], ids=["flash_default", "flash_off"])
+@pytest.mark.parametrize("flash_attn", [None, True], ids=["flash_default", "flash_on"])  # default: off but on Gemma
 def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_cache, tmp_path, flash_attn):
     # The scaffold is computed at its home and moved into place like a module, so its key, and its
     # stored cells, do not depend on the length of what comes before it. Nor do its bits depend on

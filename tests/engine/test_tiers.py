@@ -50,9 +50,15 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     result = plain.generate(prompt("b"), max_tokens=6)
     assert result.token_ids == plain.generate(prompt("b"), max_tokens=6, use_cache=False).token_ids
     assert set(plain.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}  # documents too
-    again = make_cache(store=store_dir)  # llama.cpp's choice (on, on a CPU) finds the flash entries
+    # Flash entries kept the plain fingerprint when flash attention was llama.cpp's choice (on, on a CPU),
+    # so a store made before it went off by default still serves a cache that turns it on.
+    again = make_cache(store=store_dir, flash_attn=True)
     again.load_schema(SCHEMA, encode=False)
     assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.modules_encoded == 0
+    default = make_cache(store=store_dir)  # off, except on sliding-window models (default_flash_attn)
+    assert default.ctx.cells_id == (flash if default.model.info.n_swa else plain).ctx.cells_id
+    default.load_schema(SCHEMA, encode=False)
+    assert set(default.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and default.modules_encoded == 0
 
 
 @pytest.mark.tiny_only  # equal tokens across cell layouts: SmolLM2's rounding flips a near-tie (README)
