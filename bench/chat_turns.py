@@ -181,7 +181,7 @@ def pc_turn(pc: PromptCache, messages: list[dict], max_tokens: int, *, use_cache
 class LlamaPeer:
     """llama-cpp-python's Llama, one instance for every turn, and the prompt tokens it makes of messages."""
 
-    def __init__(self, path: str, n_ctx: int, threads: int):
+    def __init__(self, path: str, n_ctx: int, threads: int, flash_attn: bool):
         import llama_cpp.llama_chat_format as chat_format  # the peer, used as its users do
 
         from pc_cpu.engine.extra_buffers import (
@@ -189,7 +189,7 @@ class LlamaPeer:
         )
 
         self.llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                              flash_attn=True, verbose=False)
+                              flash_attn=flash_attn, verbose=False)
         llm = self.llm
         template = llm.metadata.get("tokenizer.chat_template")
         self.formatter = None
@@ -396,8 +396,8 @@ def warm_up(pc: PromptCache, peer: LlamaPeer, turns: list[Turn], answer_tokens: 
 def run_model(model: str, args) -> dict:
     """Returns every scenario's records for one model, with the conversations' user turns."""
     store = Path(tempfile.mkdtemp(prefix="pc_cpu_chat_turns_"))  # an empty disk tier: nothing from earlier runs
-    pc = PromptCache(model, threads=args.threads, parallel=4, flash_attn=True, store=store)
-    peer = LlamaPeer(str(pc.model.path), pc.prompts.n_ctx, args.threads)
+    pc = PromptCache(model, threads=args.threads, parallel=4, store=store)  # pc_cpu's flash attention; the peer's too
+    peer = LlamaPeer(str(pc.model.path), pc.prompts.n_ctx, args.threads, pc.ctx.config.flash_attn is not False)
     try:
         tokenize = lambda t: pc.model.tokenize(t, special=False)
         per_repeat = 2 + len(args.modes) * (1 + args.conversations) * args.turns

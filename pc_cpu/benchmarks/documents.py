@@ -80,8 +80,9 @@ def rag(job: DocumentsBench) -> dict:
 
 def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
     out: dict = {"model": job.model, "docs": job.docs, "prompts": job.prompts, "threads": job.threads}
-    with PromptCache(job.model, threads=job.threads, store=store, ram_bytes=8 << 30, flash_attn=True) as pc:
+    with PromptCache(job.model, threads=job.threads, store=store, ram_bytes=8 << 30) as pc:
         out["model"] = pc.model.path.name  # the file, also when job.model is None (the default)
+        out["flash_attn"] = pc.ctx.config.flash_attn is not False  # pc_cpu's default; the peers get the same
         preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
         pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
         ids, add_ms, add_tokens = [], [], []
@@ -122,11 +123,11 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
         model_path, n_ctx = str(pc.model.path), pc.n_ctx
     token_lists = by_size[job.docs].pop("token_lists")
     if job.peers:
-        out["peers"] = llama_peers(model_path, n_ctx, job.threads, token_lists)
+        out["peers"] = llama_peers(model_path, n_ctx, job.threads, token_lists, flash_attn=out["flash_attn"])
     return out
 
 
-def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]]) -> dict:
+def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]], *, flash_attn: bool) -> dict:
     """Returns TTFT p50/p95 of the same prompts through llama-cpp-python's Llama, plain and with LlamaRAMCache."""
     import llama_cpp
 
@@ -134,8 +135,8 @@ def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]
 
     result = {}
     for name in ("Llama", "Llama + LlamaRAMCache"):
-        llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
-                              verbose=False)
+        llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                         verbose=False)
         if "RAMCache" in name:
             llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=8 << 30))
         llm.create_completion(prompt=token_lists[0], max_tokens=1)  # warm-up, untimed

@@ -58,9 +58,10 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
     path = str(resolve_model_path(model))
     n_ctx = 4 * doc_tokens + 2048
     report = {"threads": threads, "doc_tokens": doc_tokens, "n_docs": n_docs, "repeats": repeats, "workloads": []}
-    # Flash attention on for everyone: llama-cpp-python's Llama turns it off by default, llama.cpp's own
-    # default (pc_cpu's) turns it on, and on CPU it changes prefill time by 2x or more.
-    with PromptCache(path, threads=threads, n_ctx=n_ctx, store=False, flash_attn=True) as pc:
+    # The same flash attention for everyone, pc_cpu's default (default_flash_attn: off, but llama.cpp's
+    # choice, on, for sliding-window models): on a CPU it changes a prefill's time and a decode's.
+    with PromptCache(path, threads=threads, n_ctx=n_ctx, store=False) as pc:
+        flash_attn = pc.ctx.config.flash_attn is not False
         tokenize = lambda t: pc.model.tokenize(t, special=False)  # noqa: E731
         schema, sets = _schema_and_prompts(tokenize, doc_tokens, n_docs, repeats + 1)
         pc.load_schema(schema)
@@ -75,8 +76,8 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
     if progress:
         progress(1)
     for peer in ("llama_cpp.Llama (in-context prefix reuse)", "llama_cpp.Llama + LlamaRAMCache"):
-        llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=True,
-                              verbose=False)
+        llm = llama_peer(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                         verbose=False)
         try:
             if "RAMCache" in peer:
                 llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=2 << 30))
