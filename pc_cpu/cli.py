@@ -44,11 +44,11 @@ def _read_source(value: str, what: str) -> str:
         raise PromptCacheError(f"cannot read {what} file {value!r}: {exc}") from None
 
 
-def _open_cache(model, n_ctx, threads, encoding, verbose, store=None, **options):
+def _open_cache(model, n_ctx, threads, encoding, verbose, store=None, flash_attn="auto", **options):
     from pc_cpu.cache import PromptCache  # imported late: loading llama.cpp is not needed for --help
 
     return PromptCache(model, n_ctx=n_ctx, threads=threads, encoding=encoding, verbose=verbose, store=store,
-                       **options)
+                       flash_attn=FLASH_ATTN[flash_attn], **options)
 
 
 def _open_disk_store(store_dir):
@@ -65,6 +65,11 @@ model_option = click.option("--model", default=None, metavar="NAME|PATH",
                                  "else smollm2-135m).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None,
                               help="CPU threads (default: every core for prompts, half of them for generating).")
+# --flash-attn: PromptCache(flash_attn=...); auto is pc_cpu's choice (pc_cpu.engine.context.default_flash_attn).
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+flash_attn_option = click.option("--flash-attn", type=click.Choice(tuple(FLASH_ATTN)), default="auto", show_default=True,
+                                 help="Flash attention. auto: off (cached prompts decode faster), but on for "
+                                      "sliding-window models; on: faster long prefills (see the README).")
 ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=None,
                           help="KV cells for schemas and prompts (default: model's, at most 8192).")
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
@@ -108,18 +113,20 @@ def cli(verbose) -> None:
               "(default: none, as in the paper).")
 @ctx_option
 @threads_option
+@flash_attn_option
 @store_option
 @no_store_option
 @json_option
 @verbose_option
 def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, encoding, recompute,
-        n_ctx, threads, store_dir, no_store, as_json, verbose):
+        n_ctx, threads, flash_attn, store_dir, no_store, as_json, verbose):
     """Answer PROMPT (a PML file, PML text, or - for stdin) using the modules of --schema files.
 
     Example: pc-cpu run '<prompt schema="demo"><harbor/><user>Who kept the light?</user></prompt>' --schema demo.pml
     """
     prompt_pml = _read_source(prompt, "prompt")
-    with _open_cache(model, n_ctx, threads, encoding, verbose, store=False if no_store else store_dir) as pc:
+    with _open_cache(model, n_ctx, threads, encoding, verbose, store=False if no_store else store_dir,
+                     flash_attn=flash_attn) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar())
         plan = pc.plan(prompt_pml, recompute=recompute)
@@ -178,12 +185,13 @@ def _report(result, as_json: bool, what: str) -> None:
                    "the one measured best on this model.")
 @ctx_option
 @threads_option
+@flash_attn_option
 @store_option
 @no_store_option
 @json_option
 @verbose_option
 def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, order,
-        setting, prefix, encoding, n_ctx, threads, store_dir, no_store, as_json, verbose):
+        setting, prefix, encoding, n_ctx, threads, flash_attn, store_dir, no_store, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -200,7 +208,8 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     if setting is not None and (recompute is not None or order is not None):
         raise PromptCacheError(f"--setting {setting} chooses the recompute policy and order itself; give --setting "
                                "or --recompute/--order, not both")
-    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
+    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir,
+                     flash_attn=flash_attn) as pc:
         # Refused before any document is encoded (minutes, on a long library): a prompt that cannot fit, a taken name.
         pc.document_prompt(question, [text for _, text in files], system=system,
                            names=[Path(path).name for path, _ in files])
@@ -293,11 +302,12 @@ def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
 @generation_options
 @ctx_option
 @threads_option
+@flash_attn_option
 @store_option
 @no_store_option
 @verbose_option
-def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, n_ctx, threads, store_dir,
-         no_store, verbose):
+def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, n_ctx, threads, flash_attn,
+         store_dir, no_store, verbose):
     """Talk with the model: each line read is a message, each answer streams back; the history is kept.
 
     Each turn reuses the cells of the turns before it, so it computes only the new message:
@@ -308,7 +318,8 @@ def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop,
     Example: pc-cpu chat --model qwen2.5-coder-0.5b --doc notes.md
     """
     files = [(path, _read_document(path)) for path in docs]  # before the model loads: a mistake fails fast
-    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir) as pc:
+    with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir,
+                     flash_attn=flash_attn) as pc:
         ids = None
         if files:
             _check_names(pc, files)
@@ -396,9 +407,10 @@ def inspect(schema, model, as_json, verbose):
 @cli.command()
 @model_option
 @threads_option
+@flash_attn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per question.")
 @verbose_option
-def demo(model, threads, as_json, verbose):
+def demo(model, threads, flash_attn, as_json, verbose):
     """Ask the built-in demo questions with and without the cache; show answers and TTFTs.
 
     Example: pc-cpu demo --threads 2
@@ -406,7 +418,7 @@ def demo(model, threads, as_json, verbose):
     from pc_cpu.demo import LONG_QUESTION, QUESTIONS, demo_prompt, demo_schema, headline, long_document
     from pc_cpu.errors import ContextOverflowError, DocumentError
 
-    with _open_cache(model, None, threads, "preamble", verbose) as pc:
+    with _open_cache(model, None, threads, "preamble", verbose, flash_attn=flash_attn) as pc:
         pc.load_schema(demo_schema(), progress=EncodeProgressBar())
         cases = []  # (label, cached, baseline): the headline reports the last, the long document when it ran
         for doc, question in QUESTIONS:
@@ -472,11 +484,12 @@ def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> Non
 @model_option
 @ctx_option
 @threads_option
+@flash_attn_option
 @store_option
 @encoding_option
 @verbose_option
 def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_documents, schemas, model, n_ctx, threads,
-          store_dir, encoding, verbose):
+          flash_attn, store_dir, encoding, verbose):
     """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas, /v1/documents.
 
     Example: PC_CPU_API_KEY=secret pc-cpu serve --schema demo.pml --port 8000
@@ -490,7 +503,8 @@ def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_docume
     # An empty $PC_CPU_API_KEY means no key; any other is stripped or refused now, before the model loads.
     api_key = check_api_key(api_key) if api_key else None
     check_exposure(host, api_key, insecure=insecure)  # before the model loads: a refusal should be quick
-    with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir, max_documents=max_documents) as pc:
+    with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir, max_documents=max_documents,
+                     flash_attn=flash_attn) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar(quiet_s=0))
         click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)"

@@ -558,3 +558,26 @@ def test_ask_prefix_stores_the_exact_prefix_and_a_later_run_answers_as_no_cache(
     assert ask(*system, prefix="first")["token_ids"] == ask(*system, "--no-cache")["token_ids"]
     code, _, err = run_main(ask_args(tiny_model_path, store, *doc_files, prefix="always"), capsys)
     assert code == 2 and "'always' is not one of 'background', 'first', 'off'" in err
+
+
+@pytest.mark.parametrize("command", ["run", "ask"])
+def test_flash_attn_reaches_the_cache(tiny_model_path, schema_file, tmp_path, capsys, monkeypatch, command):
+    from pc_cpu.cache import PromptCache
+
+    opened = []
+    real_init = PromptCache.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        opened.append(self.ctx.config.flash_attn)
+
+    monkeypatch.setattr(PromptCache, "__init__", spy)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Boats float because they push aside water that weighs as much as they do.")
+    args = {"run": ["run", '<prompt schema="s"><doc/> More:</prompt>', "--schema", schema_file],
+            "ask": ["ask", "Why do boats float?", "--doc", str(doc)]}[command]
+    args += ["--model", str(tiny_model_path), "--max-tokens", "2", "--no-store"]
+    for choice in ("on", "off", "auto"):
+        assert run_main(args + ["--flash-attn", choice], capsys)[0] == 0
+    assert run_main(args + ["--flash-attn", "yes"], capsys)[0] == 2
+    assert opened == [True, False, False]  # auto: off on a model without a sliding window (default_flash_attn)
