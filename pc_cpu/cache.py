@@ -95,8 +95,9 @@ class PromptCache:
                 (also the cells of the module before them; pc_cpu.pml.encoding).
             flash_attn: None: off, except on sliding-window models, where llama.cpp chooses (on, on a
                 CPU; pc_cpu.engine.context.default_flash_attn). Off, a cached prompt's few tokens over
-                thousands of cached cells decode ~2x faster, and so does each generated token; a full
-                prefill costs the same (Qwen2.5) or up to ~28% more (SmolLM2) (docs/performance.md).
+                thousands of cached cells decode ~1.5-2x faster, and each generated token 15-24% faster;
+                a long prefill (new text, an encoding) costs about the same on SmolLM2 but 15-41% more on
+                Qwen2.5-Coder-0.5B (docs/performance.md). True suits whoever mostly prefills new text.
                 Cells stored with and without it are kept apart (their V layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
             ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.

@@ -40,9 +40,10 @@ class ContextConfig:
 def default_flash_attn(info: ModelInfo) -> bool | None:
     """Returns PromptCache's flash attention for a model: off, or None (llama.cpp's choice, on) for a sliding window.
 
-    Off, a cached prompt's few tokens over thousands of cached cells decode ~1.7-2x faster on a
-    CPU (llama.cpp's flash-attention kernel walks every cell once per query row), and so does each
-    generated token; a full prefill costs the same on Qwen2.5 and ~28% more on SmolLM2
+    Off, a cached prompt's few tokens over thousands of cached cells decode ~1.5-2x faster on a
+    CPU (llama.cpp's flash-attention kernel walks every cell once per query row), and each
+    generated token 15-24% faster; a long prefill costs about the same on SmolLM2 but 15-41% more
+    on Qwen2.5-Coder-0.5B, paid once per new text, which pc_cpu exists to reuse
     (docs/performance.md). Without flash attention, attention sums a sequence's cells in slot
     order, so cells keep their bits only where they are computed from slot 0 of a stream of their
     own: the workspace. Sliding-window models have none and compute in the library context,
