@@ -16,7 +16,7 @@ import pytest
 
 from pc_cpu import PromptCache
 from pc_cpu.engine import recompute_pass
-from pc_cpu.engine.context import Context
+from pc_cpu.engine.context import Context, default_flash_attn
 from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.recompute_pass import LibraryRoom, groups, recompute_in_library
 from pc_cpu.errors import EngineError
@@ -72,8 +72,11 @@ def close_to(cache, got: np.ndarray, want: np.ndarray) -> bool:
 FLASH = ["default", pytest.param("on", marks=pytest.mark.tiny_only)]
 
 
-def flash_options(flash: str) -> dict:
-    return {"flash_attn": True} if flash == "on" else {}
+def flash_cache(make_cache, tmp_path, flash: str):
+    """Returns a cache with a store, flash attention on when `flash` says so, else pc_cpu's default."""
+    cache = make_cache(store=tmp_path / "store", **({"flash_attn": True} if flash == "on" else {}))
+    assert cache.ctx.config.flash_attn is (True if flash == "on" else default_flash_attn(cache.model.info))
+    return cache
 
 
 def build(cache, ids, policy, *, library=True, budget=None):
@@ -141,7 +144,7 @@ def count_calls(monkeypatch, obj, name) -> list:
 @pytest.mark.parametrize("policy", ["head:3", "tail:4,head:2", "10%"])
 @pytest.mark.parametrize("budget", [None, 1, 2])
 def test_each_run_is_computed_after_the_cached_cells_before_it(make_cache, tmp_path, policy, budget, flash):
-    cache = make_cache(store=tmp_path / "store", **flash_options(flash))
+    cache = flash_cache(make_cache, tmp_path, flash)
     ids = [cache.add_document(text) for text in TEXTS]
     prompt, _, got = build(cache, ids, policy, budget=budget)
     assert len(prompt.recomputed) >= 4
@@ -178,7 +181,7 @@ def test_a_single_run_is_computed_in_the_prompt_stream_as_before(make_cache, tmp
     # One run (head:3 of the second of two documents) keeps the stream path, so recompute="all"
     # stays the full prefill bit for bit (test_documents.py); the one-pass code, called on it
     # directly, gives the same cells (bit for bit where bit_exact says so).
-    cache = make_cache(store=tmp_path / "store", **flash_options(flash))
+    cache = flash_cache(make_cache, tmp_path, flash)
     ids = [cache.add_document(text) for text in (FUJI, PARIS)]
     library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
     prompt, logits, stream_path = build(cache, ids, "head:3")
