@@ -25,6 +25,11 @@ from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.store.document_library import stand_ins_label
 from pc_cpu.store.keys import StoreKey
 
+# The exact prefix waits this long after an answer before it is computed in the background: a
+# question sent at once (a script, an app asking several) goes first instead of waiting for the
+# n_batch chunk in flight (~2 s on SmolLM2, bench/back_to_back.py); a person leaves far more time.
+PREFIX_DELAY_S = 0.25
+
 
 # How a prompt's exact prefix was had (DocumentWork._exact): restored from a byte tier, found in a
 # free slot's stream, or computed by this prompt.
@@ -193,4 +198,5 @@ class DocumentWork:
             self.encoder.save_prefix(key, slot, n)
             return exact_head(key, n)
 
-        return IdleTask(key, self.prompt.tokens[:n], save, skip=lambda: store.contains(key) or removed())
+        return IdleTask(key, self.prompt.tokens[:n], save, skip=lambda: store.contains(key) or removed(),
+                        delay=PREFIX_DELAY_S)

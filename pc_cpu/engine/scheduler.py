@@ -389,15 +389,15 @@ class Scheduler:
             task = work.idle_task(answer)
         except Exception:  # never fails the answer it follows
             log.exception("could not plan idle work")
-            return
-        if task is None:
-            return
+            task = None
         with self._wake:
             queued = [t.key for t in self._idle] + ([self._idle_run.task.key] if self._idle_run else [])
-            if task.key not in queued:
+            if task is not None and task.key not in queued:
                 self._idle.append(task)  # maxlen: the oldest waiting task is dropped
-                self._ready_at[task.key] = time.monotonic() + task.delay
-                self._ready_at = {t.key: self._ready_at[t.key] for t in self._idle if t.key in self._ready_at}
+            # A task's delay counts from the last answer, not its own: questions sent back to back each
+            # go first, instead of waiting for an earlier one's task that became ready meanwhile.
+            now = time.monotonic()
+            self._ready_at = {t.key: max(self._ready_at.get(t.key, 0.0), now + t.delay) for t in self._idle}
 
     def _idle_step(self) -> None:
         """Computes the next chunk of the idle task (starting the oldest one), unless a request waits.

@@ -163,3 +163,20 @@ def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_pre
     assert stopped == [32] and cache.store.contains(key)  # given way after the chunk that ran, computed again later
     assert arrived[0].result.token_ids == ask(cache, OTHER, prefix="off").token_ids  # answered apart
     assert ask(cache, OTHER).token_ids == baseline(cache, OTHER).token_ids
+
+
+def test_a_question_sent_right_after_an_answer_goes_before_that_answers_prefix(cache, monkeypatch):
+    # The prefix waits PREFIX_DELAY_S after its answer: a script's next question goes first instead
+    # of waiting for the chunk in flight (bench/back_to_back.py). Long here, whatever the machine's speed.
+    from pc_cpu.engine import document_prompt
+
+    monkeypatch.setattr(document_prompt, "PREFIX_DELAY_S", 600.0)
+    ask(cache, QUESTION)
+    key, _ = prefix_key(cache, QUESTION)
+    starts, decode = [], cache.prompts.decode
+    monkeypatch.setattr(cache.prompts, "decode", lambda tokens, positions, seq, **kw: (
+        starts.append(positions[0]), decode(tokens, positions, seq, **kw))[1])
+    assert not cache.wait_idle(timeout=0.5) and not cache.store.contains(key)  # waiting for its delay
+    assert ask(cache, OTHER).token_ids  # the same documents: every encoding there, nothing to compute but the tail
+    assert starts and 0 not in starts  # the question's own tokens only: no chunk of the prefix went first
+    assert not cache.store.contains(key)

@@ -200,3 +200,34 @@ def test_a_cancelled_schema_load_stops_after_a_batch_and_leaves_the_schema_unloa
     assert len(seen) == 1 and "big" not in cache.schema_names
     cache.load_schema(pml)  # the workspace was left clean
     assert cache.generate('<prompt schema="big"><ledger/> How many crates?</prompt>', max_tokens=2).token_ids
+
+
+class _Finished:
+    """A finished prompt as _queue_idle sees it: its idle task, or None."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def idle_task(self, answer):
+        return self.task
+
+
+def test_an_idle_tasks_delay_counts_from_the_last_answer_not_its_own(make_cache, monkeypatch):
+    # Questions sent back to back each go first: a task that became ready while a later prompt
+    # generated would otherwise start the moment that prompt ends, and the next question would wait
+    # for its chunk (bench/back_to_back.py: ~2 s on SmolLM2).
+    from pc_cpu.engine import scheduler as scheduler_module
+    from pc_cpu.engine.prompt_work import IdleTask
+
+    cache = make_cache()
+    scheduler, now = cache.scheduler, [100.0]
+    monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
+    task = IdleTask("prefix-1", (1, 2, 3), lambda slot: None, skip=lambda: True, delay=0.25)
+    scheduler._queue_idle(_Finished(task), None)
+    assert scheduler._ready_at["prefix-1"] == 100.25
+    now[0] = 101.0  # a later prompt ends: one with no idle task of its own
+    scheduler._queue_idle(_Finished(None), None)
+    assert scheduler._ready_at["prefix-1"] == 101.25
+    now[0] = 102.0
+    scheduler._queue_idle(_Finished(IdleTask("prefix-2", (4,), lambda slot: None, skip=lambda: True)), None)
+    assert scheduler._ready_at == {"prefix-1": 102.25, "prefix-2": 102.0}
