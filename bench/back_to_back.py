@@ -35,7 +35,7 @@ def measure(model: str | None, threads: int, flash_attn: bool | None, questions:
                 if setting == "after_wait_idle":
                     pc.wait_idle()
                 ms.append(pc.ask(nq[chosen[k]].question, documents=docs, system=SYSTEM, max_tokens=24).ttft_ms)
-        return {"flash_attn": pc.ctx.config.flash_attn,
+        return {"flash_attn": pc.flash_attn,
                 **{f"{setting}_p50_ms": round(statistics.median(ms), 1) for setting, ms in times.items()}}
 
 

@@ -397,7 +397,7 @@ def run_model(model: str, args) -> dict:
     """Returns every scenario's records for one model, with the conversations' user turns."""
     store = Path(tempfile.mkdtemp(prefix="pc_cpu_chat_turns_"))  # an empty disk tier: nothing from earlier runs
     pc = PromptCache(model, threads=args.threads, parallel=4, store=store)  # pc_cpu's flash attention; the peer's too
-    peer = LlamaPeer(str(pc.model.path), pc.prompts.n_ctx, args.threads, pc.ctx.config.flash_attn is not False)
+    peer = LlamaPeer(str(pc.model.path), pc.prompts.n_ctx, args.threads, pc.flash_attn)
     try:
         tokenize = lambda t: pc.model.tokenize(t, special=False)
         per_repeat = 2 + len(args.modes) * (1 + args.conversations) * args.turns

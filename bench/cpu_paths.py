@@ -44,7 +44,7 @@ with PromptCache(model, threads=threads or None, n_ctx=max(4096, n_prompt + 2 * 
     decode_s = end - first if first else 0.0
     print(json.dumps({"ttft_ms": r.ttft_ms, "prompt_tokens": r.prompt_tokens,
                       "decode_tps": (len(r.token_ids) - 1) / decode_s if decode_s > 0 else None,
-                      "extra_buffers": pc.model.extra_buffers.enabled, "flash_attn": pc.ctx.config.flash_attn}))
+                      "extra_buffers": pc.model.extra_buffers.enabled, "flash_attn": pc.flash_attn}))
 """
 
 
@@ -102,7 +102,7 @@ def main() -> None:
         tps = statistics.median(r["decode_tps"] for r in runs if r["decode_tps"])
         label = threads or f"default ({cores} batch, {max(1, cores // 2)} decode)"
         used = "on" if runs[0]["extra_buffers"] else "off"
-        flash_used = {None: "llama.cpp's choice", True: "on", False: "off"}[runs[0]["flash_attn"]]
+        flash_used = "on" if runs[0]["flash_attn"] else "off"
         print(f"| {load} | {label} | {extra} ({used}) | {flash} ({flash_used}) | {ttft:.0f} | {tps:.1f} |")
     print(json.dumps({"/".join(map(str, k)): v for k, v in results.items()}))
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.latency import drop_page_cache, open_cache
+from pc_cpu.cli import FLASH_ATTN
 from pc_cpu.demo import DOCS
 
 SETTINGS = ("resident", "ram", "disk", "full_prefill")
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plain", action="store_true", help="no chat markup around the question")
-    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--flash-attn", choices=tuple(FLASH_ATTN), default="auto",
                         help="PromptCache(flash_attn=...): auto is pc_cpu's default (off, unless the model has a "
                              "sliding window: pc_cpu.engine.context.default_flash_attn)")
     parser.add_argument("--json", action="store_true")
@@ -87,7 +88,7 @@ def main() -> None:
     store_dir = Path(tempfile.mkdtemp(prefix="pc_cpu_bench_store_"))
     # Cells for the resident modules plus a full-prefill baseline of the same tokens.
     # (at most the model's training context: PromptCache refuses more, and each prompt has a stream of its own)
-    flash_attn = {"auto": None, "on": True, "off": False}[args.flash_attn]
+    flash_attn = FLASH_ATTN[args.flash_attn]
     pc = open_cache(args.model, args.threads, 2 * args.tokens + 2048, store=store_dir, flash_attn=flash_attn)
     schema, prompt = schema_and_prompt(document_modules(pc, args.tokens), plain=args.plain)
     t0 = time.perf_counter()
@@ -106,7 +107,7 @@ def main() -> None:
     base = statistics.median(times["full_prefill"])
     report = {
         "model": pc.model.path.name, "threads": pc.ctx.threads, "repeats": args.repeats,
-        "plain": args.plain, "flash_attn": args.flash_attn, "flash_attn_used": pc.ctx.config.flash_attn,
+        "plain": args.plain, "flash_attn": args.flash_attn, "flash_attn_used": pc.flash_attn,
         "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
         "encode_s": round(encode_s, 2),
         "store_mib": round(sum(p.stat().st_size for p in store_dir.glob("*.pcs")) / 2**20, 1),

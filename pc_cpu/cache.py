@@ -215,6 +215,11 @@ class PromptCache:
         return self._resident.cells
 
     @property
+    def flash_attn(self) -> bool:
+        """Returns whether llama.cpp runs flash attention here (None, llama.cpp's choice, is on on a CPU)."""
+        return self.ctx.config.flash_attn is not False
+
+    @property
     def n_ctx(self) -> int:
         """Returns the cells the library context holds (the n_ctx asked for, or the model's default)."""
         return self.ctx.n_ctx

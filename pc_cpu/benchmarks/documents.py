@@ -82,7 +82,7 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
     out: dict = {"model": job.model, "docs": job.docs, "prompts": job.prompts, "threads": job.threads}
     with PromptCache(job.model, threads=job.threads, store=store, ram_bytes=8 << 30) as pc:
         out["model"] = pc.model.path.name  # the file, also when job.model is None (the default)
-        out["flash_attn"] = pc.ctx.config.flash_attn is not False  # pc_cpu's default; the peers get the same
+        out["flash_attn"] = pc.flash_attn  # pc_cpu's default; the peers get the same
         preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
         pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
         ids, add_ms, add_tokens = [], [], []

@@ -61,7 +61,7 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
     # The same flash attention for everyone, pc_cpu's default (default_flash_attn: off, but llama.cpp's
     # choice, on, for sliding-window models): on a CPU it changes a prefill's time and a decode's.
     with PromptCache(path, threads=threads, n_ctx=n_ctx, store=False) as pc:
-        flash_attn = pc.ctx.config.flash_attn is not False
+        flash_attn = pc.flash_attn
         tokenize = lambda t: pc.model.tokenize(t, special=False)  # noqa: E731
         schema, sets = _schema_and_prompts(tokenize, doc_tokens, n_docs, repeats + 1)
         pc.load_schema(schema)

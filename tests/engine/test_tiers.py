@@ -45,6 +45,7 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     assert set(flash.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}
     plain = make_cache(store=store_dir, flash_attn=False)  # V transposed: llama.cpp will not restore flash cells into it
     assert plain.ctx.cells_id != flash.ctx.cells_id == flash.model.info.fingerprint  # older entries keep their key
+    assert flash.flash_attn and not plain.flash_attn
     plain.load_schema(SCHEMA)
     assert plain.modules_encoded == flash.modules_encoded > 0  # not served the other layout's cells: its own
     result = plain.generate(prompt("b"), max_tokens=6)
