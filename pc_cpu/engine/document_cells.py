@@ -38,8 +38,8 @@ from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError, PromptCacheError, StateBlobError
 from pc_cpu.pml.document_layout import (DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content,
                                   with_runs)
-from pc_cpu.pml.encoding import EncodeJob
 from pc_cpu.pml.layout import Run
+from pc_cpu.pml.segment import Segment
 from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.kvstate import ops
 from pc_cpu.store.document_library import document_label, prefix_label
@@ -104,7 +104,7 @@ class DocumentEncoder:
         stored = self._stored(key, (0, len(preamble)))
         if stored is not None:
             return stored
-        return self._computed(key, EncodeJob(key.label, Run(0, preamble), ())), Tier.ENCODED
+        return self._computed(key, Segment(key.label, (Run(0, preamble),))), Tier.ENCODED
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
                       key: StoreKey | None = None, on_computed: OnComputed | None = None,
@@ -124,8 +124,8 @@ class DocumentEncoder:
         preamble_cells, preamble_tier = self.preamble_blob(preamble, self.preamble_key(preamble, context_label))
         if served is not None:
             served[PREAMBLE] = preamble_tier
-        job = EncodeJob(key.label, Run(home, tokens), preamble)
-        return self._computed(key, job, on_computed, context_cells=preamble_cells), Tier.ENCODED
+        segment = Segment(key.label, (Run(home, tokens),), preamble)
+        return self._computed(key, segment, on_computed, context_cells=preamble_cells), Tier.ENCODED
 
     def prefix_blob(self, key: StoreKey, n_tokens: int) -> tuple[bytes, Tier] | None:
         """Returns the stored exact prefix of `n_tokens` cells (positions 0..n-1) and its tier, or None."""
@@ -142,12 +142,12 @@ class DocumentEncoder:
         """Returns the stored cells of `key` and their tier, or None (a damaged entry is dropped: it misses)."""
         return self.cells.get(key, positions)
 
-    def _computed(self, key: StoreKey, job: EncodeJob, on_computed: OnComputed | None = None, *,
+    def _computed(self, key: StoreKey, segment: Segment, on_computed: OnComputed | None = None, *,
                   context_cells: bytes | None = None) -> bytes:
-        """Returns the job's run computed after its context (Workspace.compute), after storing it under `key`."""
-        blob = self.computer.compute(job, 1, on_computed, context_cells=context_cells)
+        """Returns the segment's one run computed after its context (Workspace.compute), after storing it under `key`."""
+        (blob,) = self.computer.compute(segment, 1, on_computed, context_cells=context_cells)
         blob = bytes(ops.with_sequence(blob, 0))  # as CellStore.put saves a stream: the bytes of any stream
-        self.cells.put_blobs(key, [blob], len(job.run.tokens), (job.run.start, job.run.end))
+        self.cells.put_blobs(key, [blob], segment.n_tokens, (segment.start, segment.end))
         self.encoded += 1
         return blob
 

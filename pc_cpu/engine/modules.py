@@ -24,7 +24,7 @@ from pc_cpu.engine.sequences import SequenceRoles
 from pc_cpu.engine.encoder import Encoder, Workspace
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
-                                 encoding_runs, home_jobs, home_shift)
+                                 encoding_runs, home_segments, home_shift)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.result import Tier
 from pc_cpu.kvstate import ops
@@ -140,12 +140,12 @@ class ModuleCache:
         if self.resident.contains(self.resident_key_of(layout, key)):
             return False
         store_key = self.key_of(layout, key)
-        jobs = home_jobs(layout, key, self.mode)
+        segments = home_segments(layout, key, self.mode)
         # Existence only: `ensure` reads and checks the entry when it restores it (a damaged one is then computed).
-        if any(job.after is not None for job in jobs) or self.store.contains(store_key):
+        if any(segment.after is not None for segment in segments) or self.store.contains(store_key):
             return False
         runs, shift = encoding_runs(layout, key, self.mode), self.shift_of(layout, key)
-        blobs = [workspace.compute(job, self.ctx.n_stream, on_computed) for job in jobs]
+        blobs = [blob for segment in segments for blob in workspace.compute(segment, self.ctx.n_stream, on_computed)]
         self.encoded += 1
         self._save_blobs(store_key, blobs, runs, shift)
         return True

@@ -24,7 +24,7 @@ class SequenceRoles:
     scratch: int  # library: an empty sequence where modules are computed after their context
     pin: int  # library: holds every resident cell as well, so llama.cpp never reuses one (encoder.pin_cells)
     libraries: tuple[int, ...]  # library: where resident modules live (pc_cpu.store.resident)
-    hold: int  # library: keeps encodings computed at their home while they are read (encoder.compute_in_library)
+    hold: int  # library: keeps encodings computed at their home while they are read (Encoder.compute_apart)
     workspace: int  # prompts: the stream where encoders compute, from slot 0 of an empty stream
     adder: int  # prompts: the stream add_document and load_schema compute in, batch by batch between prompts
 

@@ -1,4 +1,4 @@
-"""Gives the encode jobs of a schema: what to compute, and after which context, for each module.
+"""Gives a schema's segments (pml.segment): what to compute, and after which context, for each encoding.
 
 A module's cells are computed once and reused, so what they attended to at encode
 time is fixed. Three modes:
@@ -25,42 +25,28 @@ decoded at the positions just before the run, so positions stay consecutive in
 one llama_decode, and its cells are dropped afterwards.
 
 Where the engine can move cells (pc_cpu.engine.modules), a module not computed after
-resident cells is computed at its *home*, its context from position 0 (home_jobs),
+resident cells is computed at its *home*, its context from position 0 (home_segments),
 and moved into place: its cells, and its content key, then do not depend on how long
 the text before it is, so editing one module leaves the others' encodings alone.
 
 A scaffold (`<scaffold name="x">`) is also encoded jointly: its members' runs are
 computed in one sequence, each seeing the others before it, and kept under the
-key `scaffold_key(x)` beside the members' own encodings (see ScaffoldJob).
+key `scaffold_key(x)` beside the members' own encodings (see scaffold_segment).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from pc_cpu.errors import PromptCacheError, SchemaError
 from pc_cpu.pml.layout import ROOT, Layout, Run
+from pc_cpu.pml.segment import Segment
 
 ENCODING_MODES = ("preamble", "independent", "chain")
 SCAFFOLD_PREFIX = "scaffold:"  # ':' cannot occur in a module name, so the keys never clash
-
-
-@dataclass(frozen=True)
-class EncodeJob:
-    """Compute `context` then `run` at positions [run.start - len(context), run.end); keep only the run."""
-
-    module: str
-    run: Run
-    context: tuple[int, ...]
-    shared_context: tuple[tuple[str, int, int], ...] = ()  # (module, start, end) to share instead of computing
-    after: str | None = None  # chain mode: the neighbour whose cells must be shared, never computed afresh
-
-    @property
-    def first_position(self) -> int:
-        return self.run.start - len(self.context)
 
 
 def check_mode(mode: str) -> str:
@@ -70,101 +56,90 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def encode_jobs(layout: Layout, module: str, mode: str) -> list[EncodeJob]:
-    """Returns the jobs that encode `module`'s own tokens, one per run, in position order."""
+def segments_of(layout: Layout, key: str, mode: str) -> list[Segment]:
+    """Returns the segments that compute encoding `key` (a module, or scaffold_key(name)) at its layout positions.
+
+    A module has one segment per cached run, in position order (module_segments); a scaffold
+    one segment of all its members' runs (scaffold_segment); an encoding with no cached tokens none.
+    """
+    if key.startswith(SCAFFOLD_PREFIX):
+        segment = scaffold_segment(layout, key[len(SCAFFOLD_PREFIX):], mode)
+        return [] if segment is None else [segment]
+    return module_segments(layout, key, mode)
+
+
+def module_segments(layout: Layout, module: str, mode: str) -> list[Segment]:
+    """Returns the segments that encode `module`'s own tokens, one per run, in position order."""
     check_mode(mode)
     owners = [module] if mode == "independent" else layout.ancestors(module) + [module]
     if module == ROOT:
         owners = [ROOT]
-    jobs = []
+    segments = []
     for run in layout.cached_runs(module):
         before = sorted((p for owner in owners for p in layout.modules[owner].pieces if p.end <= run.start),
                         key=lambda p: p.start)
         context = tuple(t for p in before for t in p.tokens)
-        job = EncodeJob(module, run, context, _shareable(layout, owners, before, run))
-        if mode == "chain" and not jobs:
-            job = _chained(layout, job, before)
-        jobs.append(job)
-    return jobs
+        segment = Segment(module, (run,), context, _shareable(layout, owners, before, run))
+        if mode == "chain" and not segments:
+            segment = _chained(layout, segment, before)
+        segments.append(segment)
+    return segments
 
 
 def home_shift(layout: Layout, key: str, mode: str) -> int:
     """Returns how far encoding `key`'s layout positions lie after its home: 0 for encodings computed in place.
 
-    A module's home is where its jobs fall when its first context token sits at position 0:
-    the same relative positions, so (RoPE being relative) the same cells up to the
+    An encoding's home is where its segments fall when the first one's context starts at
+    position 0: the same relative positions, so (RoPE being relative) the same cells up to the
     rounding of the rotation, which then no longer depend on how long the text before the
     module is. Editing a module's length leaves the homes, and so the content keys, of the
-    modules after it alone (pc_cpu.engine.modules moves home cells into place).
-    A scaffold's home is its job's (ScaffoldJob.first_position at 0), its runs as far apart
-    as in the layout. Computed in place: ROOT and chain links, scaffolds included (their
-    neighbour's resident cells sit at layout positions).
+    modules after it alone (pc_cpu.engine.modules moves home cells into place). A scaffold's
+    runs stay as far apart at home as in the layout. Computed in place: ROOT and chain links,
+    scaffolds included (their neighbour's resident cells sit at layout positions).
     """
     if key == ROOT:
         return 0
-    if key.startswith(SCAFFOLD_PREFIX):
-        return _scaffold_home_shift(scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode))
-    jobs = encode_jobs(layout, key, mode)
-    if not jobs or any(job.after is not None for job in jobs):
+    segments = segments_of(layout, key, mode)
+    if not segments or any(segment.after is not None for segment in segments):
         return 0
-    return jobs[0].first_position
+    return segments[0].first_position
 
 
-def home_jobs(layout: Layout, key: str, mode: str) -> list[EncodeJob]:
-    """Returns encode_jobs(layout, key, mode) moved to the module's home (home_shift positions earlier).
+def home_segments(layout: Layout, key: str, mode: str) -> list[Segment]:
+    """Returns segments_of(layout, key, mode) moved to the encoding's home (home_shift positions earlier).
 
-    A moved job shares no context: what is resident sits at layout positions, not at the home's.
+    A moved segment shares no context: what is resident sits at layout positions, not at the home's.
     """
     shift = home_shift(layout, key, mode)
-    jobs = encode_jobs(layout, key, mode)
-    if shift == 0:
-        return jobs
-    moved = [EncodeJob(j.module, Run(j.run.start - shift, j.run.tokens), j.context, (), j.after) for j in jobs]
-    if any(job.first_position < 0 for job in moved):  # cannot happen for layouts build_layout makes
-        raise SchemaError(f"module {key!r}: its runs' contexts do not fit before its home; report this schema")
+    moved = [segment.moved(shift) for segment in segments_of(layout, key, mode)]
+    if any(segment.first_position < 0 for segment in moved):  # cannot happen for layouts build_layout makes
+        raise SchemaError(f"encoding {key!r}: its runs' contexts do not fit before its home; report this schema")
     return moved
-
-
-def home_scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | None:
-    """Returns scaffold_job(layout, name, mode) moved to its home (home_shift positions earlier), sharing no context."""
-    job = scaffold_job(layout, name, mode)
-    shift = _scaffold_home_shift(job)
-    if shift == 0:
-        return job
-    return ScaffoldJob(name, tuple(Run(r.start - shift, r.tokens) for r in job.runs), job.context, (), job.after)
-
-
-def _scaffold_home_shift(job: ScaffoldJob | None) -> int:
-    """Returns how far a scaffold's job moves to its home: its first position, or 0 if it has none or is chained."""
-    return 0 if job is None or job.after is not None else job.first_position
 
 
 def encoded_after(layout: Layout, key: str, mode: str) -> str | None:
     """Returns the module whose resident cells encoding `key` is computed after (chain mode), if any."""
-    if key.startswith(SCAFFOLD_PREFIX):
-        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
-        return job.after if job else None
-    jobs = encode_jobs(layout, key, mode)
-    return jobs[0].after if jobs else None
+    segments = segments_of(layout, key, mode)
+    return segments[0].after if segments else None
 
 
-def _chained(layout: Layout, job: EncodeJob, before: list) -> EncodeJob:
-    """Returns the job computed after its neighbour's cells too, when the chain applies (module docstring)."""
-    if job.module == ROOT or layout.modules[job.module].parent != ROOT or any(
+def _chained(layout: Layout, segment: Segment, before: list) -> Segment:
+    """Returns the segment computed after its neighbour's cells too, when the chain applies (module docstring)."""
+    if segment.name == ROOT or layout.modules[segment.name].parent != ROOT or any(
             p.end > layout.preamble_end for p in before):
-        return job  # nested, or after ROOT text that each prompt computes: preamble mode
+        return segment  # nested, or after ROOT text that each prompt computes: preamble mode
     preamble = _shareable(layout, [ROOT], before, Run(layout.preamble_end, ())) if before else ()
     if before and not preamble:
-        return job
+        return segment
     siblings = layout.modules[ROOT].children
-    union = layout.modules[job.module].union
-    neighbour = next((s for s in reversed(siblings[:siblings.index(job.module)])
+    union = layout.modules[segment.name].union
+    neighbour = next((s for s in reversed(siblings[:siblings.index(segment.name)])
                       if union is None or layout.modules[s].union != union), None)
     runs = layout.cached_runs(neighbour) if neighbour is not None else ()
-    if not runs or layout.modules[neighbour].union is not None or runs[-1].end != job.run.start:
-        return job
-    return EncodeJob(job.module, job.run, job.context + tuple(t for r in runs for t in r.tokens),
-                     preamble + tuple((neighbour, r.start, r.end) for r in runs), after=neighbour)
+    if not runs or layout.modules[neighbour].union is not None or runs[-1].end != segment.start:
+        return segment
+    return replace(segment, context=segment.context + tuple(t for r in runs for t in r.tokens),
+                   shared_context=preamble + tuple((neighbour, r.start, r.end) for r in runs), after=neighbour)
 
 
 def _shareable(layout: Layout, owners: list[str], before: list, run: Run) -> tuple[tuple[str, int, int], ...]:
@@ -188,59 +163,14 @@ def encode_cells(layout: Layout, key: str, mode: str) -> int:
     """Returns the most KV cells computing encoding `key` holds at once: its runs, and the context it computes.
 
     A run's cells are computed once and shared (seq_cp) into the library, so they count
-    once; a chain job's context is shared from resident cells and counts nothing.
+    once; a chain link's context is shared from resident cells and counts nothing.
     """
-    if key.startswith(SCAFFOLD_PREFIX):
-        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
-        return 0 if job is None else job.n_tokens + (0 if job.after else len(job.context))
-    jobs = encode_jobs(layout, key, mode)
-    runs = sum(len(job.run.tokens) for job in jobs)
-    return runs + max(((0 if job.after else len(job.context)) for job in jobs), default=0)
+    segments = segments_of(layout, key, mode)
+    runs = sum(segment.n_tokens for segment in segments)
+    return runs + max(((0 if s.after else len(s.context)) for s in segments), default=0)
 
 
 # --- scaffolds ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ScaffoldJob:
-    """Compute `context` then every run of `runs` in one sequence; keep only the runs, at their positions.
-
-    llama.cpp only accepts consecutive positions in a non-empty sequence, so the
-    runs are computed back to back from runs[0].start (see `computed_starts`) and
-    then moved to their layout positions; each run sees the context and every
-    earlier run, which is the joint encoding the paper asks for.
-    """
-
-    scaffold: str
-    runs: tuple[Run, ...]  # the members' cached runs in position order, adjacent ones merged
-    context: tuple[int, ...]  # what the first member's first run is computed after (see encode_jobs)
-    shared_context: tuple[tuple[str, int, int], ...] = ()  # (module, start, end) to share instead of computing
-    after: str | None = None  # as EncodeJob.after
-
-    @property
-    def key(self) -> str:
-        return scaffold_key(self.scaffold)
-
-    @property
-    def first_position(self) -> int:
-        return self.runs[0].start - len(self.context)
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        """Returns the runs' tokens back to back: what one decode computes after the context."""
-        return tuple(t for run in self.runs for t in run.tokens)
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(run.tokens) for run in self.runs)
-
-    def computed_starts(self) -> tuple[int, ...]:
-        """Returns where each run is computed: right after the previous one, from runs[0].start."""
-        starts, pos = [], self.runs[0].start
-        for run in self.runs:
-            starts.append(pos)
-            pos += len(run.tokens)
-        return tuple(starts)
-
 
 def scaffold_key(name: str) -> str:
     """Returns the key under which scaffold `name`'s joint encoding is stored (beside module names)."""
@@ -263,18 +193,21 @@ def check_scaffolds(layout: Layout) -> None:
                                   "other: move the union out of the scaffold")
 
 
-def scaffold_jobs(layout: Layout, mode: str) -> list[ScaffoldJob]:
-    """Returns one job per scaffold of `layout` that has cached tokens, in document order."""
-    jobs = [scaffold_job(layout, name, mode) for name in layout.scaffolds]
-    return [job for job in jobs if job is not None]
+def scaffold_segments(layout: Layout, mode: str) -> list[Segment]:
+    """Returns one segment per scaffold of `layout` that has cached tokens, in document order."""
+    segments = [scaffold_segment(layout, name, mode) for name in layout.scaffolds]
+    return [segment for segment in segments if segment is not None]
 
 
-def scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | None:
-    """Returns the job that encodes scaffold `name` jointly, or None when its members cache nothing.
+def scaffold_segment(layout: Layout, name: str, mode: str) -> Segment | None:
+    """Returns the segment that encodes scaffold `name` jointly, or None when its members cache nothing.
 
-    The context is the one the first member's first run gets on its own (encode_jobs),
-    so a scaffold whose members follow each other right after the preamble gets
-    exactly the cells a full prefill gives.
+    Its runs are the members' cached runs in position order, adjacent ones merged, computed
+    back to back (Segment.computed_starts) and then moved to their positions: each run sees
+    the context and every earlier run, the joint encoding the paper asks for. Its name is
+    scaffold_key(name). The context is the one the first member's first run gets on its own
+    (module_segments), so a scaffold whose members follow each other right after the
+    preamble gets exactly the cells a full prefill gives.
     """
     members = layout.scaffolds[name].members
     runs = sorted((run for m in members for run in layout.cached_runs(m)), key=lambda r: r.start)
@@ -286,8 +219,8 @@ def scaffold_job(layout: Layout, name: str, mode: str) -> ScaffoldJob | None:
             merged[-1] = Run(merged[-1].start, merged[-1].tokens + run.tokens)
         else:
             merged.append(run)
-    first = next(job for m in members for job in encode_jobs(layout, m, mode) if job.run.start == runs[0].start)
-    return ScaffoldJob(name, tuple(merged), first.context, first.shared_context, first.after)
+    first = next(s for m in members for s in module_segments(layout, m, mode) if s.start == runs[0].start)
+    return Segment(scaffold_key(name), tuple(merged), first.context, first.shared_context, first.after)
 
 
 def scaffold_cells(layout: Layout) -> int:
@@ -303,14 +236,13 @@ def encoding_keys(layout: Layout, mode: str) -> list[str]:
     context they may share), then the scaffolds' joint encodings.
     """
     modules = [name for name in layout.modules if layout.cached_runs(name)]
-    return modules + [job.key for job in scaffold_jobs(layout, mode)]
+    return modules + [segment.name for segment in scaffold_segments(layout, mode)]
 
 
 def encoding_runs(layout: Layout, key: str, mode: str) -> tuple[Run, ...]:
     """Returns the runs whose cells the encoding `key` (a module or scaffold_key) holds."""
     if key.startswith(SCAFFOLD_PREFIX):
-        job = scaffold_job(layout, key[len(SCAFFOLD_PREFIX):], mode)
-        return job.runs if job else ()
+        return tuple(run for segment in segments_of(layout, key, mode) for run in segment.runs)
     return layout.cached_runs(key)
 
 
@@ -328,28 +260,26 @@ def content_digest(*parts: Any) -> str:
 def encoding_content(layout: Layout, key: str, mode: str, *, at_home: bool = False) -> str:
     """Returns the content digest of encoding `key`: what its cells depend on (pc_cpu.store.keys).
 
-    That is the tokens each job computes (its context, then its run) and the positions it
+    That is the tokens each segment computes (its context, then its runs) and the positions it
     computes them at, and in chain mode the content of the neighbour whose cells it
     attends to. Names do not enter it: the same text after the same preamble at the same
     position is one encoding, whichever schema declares it. `at_home`: the encoding is
-    computed at its home (home_jobs) and moved into place, so the positions are the
+    computed at its home (home_segments) and moved into place, so the positions are the
     home's: the same module text after the same context is one encoding wherever the
     schema puts it. An encoding computed in place (home_shift 0) gets the same digest
     either way, since it is the same computation.
     """
     check_mode(mode)
+    segments = home_segments(layout, key, mode) if at_home else segments_of(layout, key, mode)
+    # The two recipes predate Segment and are kept as they were, so stored entries keep their keys.
     if key.startswith(SCAFFOLD_PREFIX):
-        name = key[len(SCAFFOLD_PREFIX):]
-        job = home_scaffold_job(layout, name, mode) if at_home else scaffold_job(layout, name, mode)
-        if job is None:
+        if not segments:
             return content_digest(mode, "scaffold", [])
-        return content_digest(mode, "scaffold", job.first_position, list(job.context),
-                              [[run.start, list(run.tokens)] for run in job.runs],
-                              _after(layout, job.after, mode, at_home))
-    computed = home_jobs(layout, key, mode) if at_home else encode_jobs(layout, key, mode)
-    jobs = [[job.first_position, list(job.context), job.run.start, list(job.run.tokens),
-             _after(layout, job.after, mode, at_home)] for job in computed]
-    return content_digest(mode, "module", jobs)
+        (s,) = segments
+        return content_digest(mode, "scaffold", s.first_position, list(s.context),
+                              [[run.start, list(run.tokens)] for run in s.runs], _after(layout, s.after, mode, at_home))
+    return content_digest(mode, "module", [[s.first_position, list(s.context), s.start, list(s.tokens),
+                                            _after(layout, s.after, mode, at_home)] for s in segments])
 
 
 def _after(layout: Layout, neighbour: str | None, mode: str, at_home: bool) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.pml.encoding import encode_jobs, encoding_keys, scaffold_job, scaffold_key
+from pc_cpu.pml.encoding import encoding_keys, module_segments, scaffold_key, scaffold_segment
 from pc_cpu.kvstate import state_blob
 from tests.engine.test_determinism import prompt_logits
 
@@ -129,14 +129,11 @@ def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(m
     cache.load_schema(notes("lib", 3))
     layout = cache.layout("lib")
     assert cache.modules.shift_of(layout, "n2") > 0
-    (job,) = encode_jobs(layout, "n2", cache.encoding)  # in place: the context right before the run
-    encoder = cache.modules.encoder
-    if encoder.workspace is not None:
-        in_place = encoder.workspace.compute(job, cache.ctx.n_stream)
-    else:  # sliding-window models compute in the library context, in whole-state spans
-        in_place = state_blob.splice(encoder.compute_in_library(job))
-    moved = resident_state(cache, cache.modules.sequence_of(layout, "n2"), [job.run])
-    check_moved_cells(moved, in_place, list(range(job.run.start, job.run.end)))
+    (job,) = module_segments(layout, "n2", cache.encoding)  # in place: the context right before the run
+    # sliding-window models compute in the library context, in whole-state spans
+    in_place = state_blob.splice(cache.modules.encoder.compute_apart(job))
+    moved = resident_state(cache, cache.modules.sequence_of(layout, "n2"), job.runs)
+    check_moved_cells(moved, in_place, list(range(job.start, job.end)))
 
 
 def resident_state(cache, library: int, runs) -> bytes:
@@ -205,8 +202,8 @@ def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place
     cache.load_schema(scaffolded("The tea shop's notes, kept by the owner since 1990."))
     layout, key = cache.layout("sc"), scaffold_key("both")
     assert cache.modules.shift_of(layout, key) > 0
-    job = scaffold_job(layout, "both", cache.encoding)  # in place: the context right before the first run
+    job = scaffold_segment(layout, "both", cache.encoding)  # in place: the context right before the first run
     assert len(job.runs) == 2  # a gap between them
-    in_place = state_blob.splice(cache.modules.encoder.compute_scaffold_in_library(job))
+    in_place = state_blob.splice(cache.modules.encoder.compute_apart(job))
     moved = resident_state(cache, cache.modules.sequence_of(layout, key), job.runs)
     check_moved_cells(moved, in_place, [p for run in job.runs for p in range(run.start, run.end)])

@@ -1,13 +1,13 @@
-"""Tests of encode jobs (pc_cpu.pml.encoding): what each module's cells attend to when they are computed."""
+"""Tests of a schema's segments (pc_cpu.pml.encoding): what each encoding's cells attend to when they are computed."""
 
 from __future__ import annotations
 
 import pytest
 
 from pc_cpu.errors import PromptCacheError, SchemaError
-from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_jobs, encoded_after,
-                                 encoding_content, home_jobs, home_scaffold_job, home_shift, scaffold_cells,
-                                 scaffold_job, scaffold_jobs, scaffold_key, encode_cells)
+from pc_cpu.pml.encoding import (ENCODING_MODES, check_mode, check_scaffolds, encode_cells, encoded_after,
+                                 encoding_content, home_segments, home_shift, module_segments, scaffold_cells,
+                                 scaffold_segment, scaffold_segments, segments_of)
 from pc_cpu.pml.layout import ROOT
 from tests.pml.conftest import CHATML_MARKUP, layout_of, words
 
@@ -25,9 +25,9 @@ def layout(tok):
 
 
 def jobs(tok, layout, module, mode):
-    """Returns each job as (run start, run words, context words, first_position, shared_context)."""
-    return [(j.run.start, words(tok, j.run.tokens), words(tok, j.context), j.first_position, j.shared_context)
-            for j in encode_jobs(layout, module, mode)]
+    """Returns each of a module's segments as (start, words, context words, first_position, shared_context)."""
+    return [(s.start, words(tok, s.tokens), words(tok, s.context), s.first_position, s.shared_context)
+            for s in module_segments(layout, module, mode)]
 
 
 # --- preamble mode ------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_encode_cells_counts_each_run_once_and_the_largest_context(layout):
 @pytest.mark.parametrize("mode", ["Preamble", "joint", ""])
 def test_invalid_mode_names_the_valid_ones(mode, layout):
     with pytest.raises(PromptCacheError) as info:
-        encode_jobs(layout, "a", mode)
+        module_segments(layout, "a", mode)
 
     assert str(info.value) == f"encoding mode {mode!r} is unknown; use one of: preamble, independent, chain"
 
@@ -134,9 +134,9 @@ SCAFFOLD = ('<schema name="s">Docs: <scaffold name="x"><module name="a">A a</mod
 def test_scaffold_job_computes_member_runs_back_to_back_after_the_first_members_context(tok):
     layout = layout_of(SCAFFOLD, tokenizer=tok)
 
-    (job,) = scaffold_jobs(layout, "preamble")
+    (job,) = scaffold_segments(layout, "preamble")
 
-    assert job.scaffold == "x" and job.key == "scaffold:x"
+    assert job.name == "scaffold:x" and segments_of(layout, "scaffold:x", "preamble") == [job]
     assert [(r.start, words(tok, r.tokens)) for r in job.runs] == [(3, ["A", "a"]), (6, ["B", "<ph>", "<ph>"])]
     assert job.computed_starts() == (3, 5)  # b is computed right after a, then moved to 6
     assert words(tok, job.tokens) == ["A", "a", "B", "<ph>", "<ph>"]
@@ -147,7 +147,7 @@ def test_scaffold_job_computes_member_runs_back_to_back_after_the_first_members_
 
 
 def test_independent_scaffold_job_has_no_context(tok):
-    (job,) = scaffold_jobs(layout_of(SCAFFOLD, tokenizer=tok), "independent")
+    (job,) = scaffold_segments(layout_of(SCAFFOLD, tokenizer=tok), "independent")
 
     assert (job.context, job.first_position, job.shared_context) == ((), 3, ())
 
@@ -156,7 +156,7 @@ def test_adjacent_member_runs_are_merged():
     layout = layout_of('<schema name="s"><scaffold name="x"><module name="a">A</module><module name="b">B'
                        '</module></scaffold></schema>')
 
-    (job,) = scaffold_jobs(layout, "preamble")
+    (job,) = scaffold_segments(layout, "preamble")
     assert [(r.start, r.end) for r in job.runs] == [(1, 3)]
 
 
@@ -165,8 +165,8 @@ def test_scaffold_cells_and_encode_cells_count_the_joint_encodings():
 
     assert layout.cached_cells == 9  # ROOT preamble 3, a 2, b 3, d 1
     assert scaffold_cells(layout) == 5  # a 2 and b 3 once more, jointly
-    (job,) = scaffold_jobs(layout, "preamble")
-    assert encode_cells(layout, scaffold_key(job.scaffold), "preamble") == 8  # 3 context + 5 tokens
+    (job,) = scaffold_segments(layout, "preamble")
+    assert encode_cells(layout, job.name, "preamble") == 8  # 3 context + 5 tokens
 
 
 def test_scaffold_holding_a_union_member_is_refused():
@@ -201,30 +201,30 @@ def chain(tok):
 
 def test_chain_module_is_computed_after_the_preamble_and_its_neighbours_cells(tok, chain):
     assert jobs(tok, chain, "b", "chain") == [(6, ["B", "B"], PREAMBLE + ["A"], 0, ((ROOT, 0, 5), ("a", 5, 6)))]
-    assert encode_jobs(chain, "b", "chain")[0].after == "a"
+    assert module_segments(chain, "b", "chain")[0].after == "a"
 
 
 def test_chain_first_module_is_computed_as_in_preamble_mode(chain):
-    assert encode_jobs(chain, "a", "chain") == encode_jobs(chain, "a", "preamble")
+    assert module_segments(chain, "a", "chain") == module_segments(chain, "a", "preamble")
 
 
 def test_chain_union_members_follow_the_module_before_the_union(chain):
-    assert [j.after for j in encode_jobs(chain, "x", "chain")] == ["b"]
-    assert [j.after for j in encode_jobs(chain, "y", "chain")] == ["b"]
+    assert [j.after for j in module_segments(chain, "x", "chain")] == ["b"]
+    assert [j.after for j in module_segments(chain, "y", "chain")] == ["b"]
 
 
 def test_chain_module_after_a_union_or_root_text_has_no_neighbour(chain):
     # which member a prompt imports is not known when c is encoded; "Mid" is computed per prompt
     for module in ("c", "d"):
-        assert encode_jobs(chain, module, "chain") == encode_jobs(chain, module, "preamble")
+        assert module_segments(chain, module, "chain") == module_segments(chain, module, "preamble")
 
 
 def test_chain_neighbour_shares_only_its_own_runs_and_nested_modules_keep_preamble_mode(tok, chain):
-    (job,) = encode_jobs(chain, "f", "chain")
+    (job,) = module_segments(chain, "f", "chain")
     assert (job.after, job.shared_context) == ("e", ((ROOT, 0, 5), ("e", 11, 12), ("e", 13, 14)))
     assert words(tok, job.context) == PREAMBLE + ["E1", "E2"]
-    assert encode_jobs(chain, "n", "chain") == encode_jobs(chain, "n", "preamble")
-    assert [j.after for j in encode_jobs(chain, "e", "chain")] == ["c", None]
+    assert module_segments(chain, "n", "chain") == module_segments(chain, "n", "preamble")
+    assert [j.after for j in module_segments(chain, "e", "chain")] == ["c", None]
 
 
 def test_encoded_after_names_the_neighbour_of_modules_and_scaffolds(tok):
@@ -240,14 +240,14 @@ def test_encoded_after_names_the_neighbour_of_modules_and_scaffolds(tok):
 
 def test_a_module_after_other_text_has_its_home_where_its_context_starts_at_zero(tok, layout):
     assert [home_shift(layout, m, "preamble") for m in (ROOT, "a", "b", "c")] == [0, 0, 0, 3]
-    (job,) = home_jobs(layout, "c", "preamble")
-    assert (job.run.start, words(tok, job.run.tokens), job.first_position, job.shared_context) == (6, ["C"], 0, ())
+    (job,) = home_segments(layout, "c", "preamble")
+    assert (job.start, words(tok, job.tokens), job.first_position, job.shared_context) == (6, ["C"], 0, ())
     assert words(tok, job.context) == PREAMBLE + ["Mid"]
 
 
 def test_every_run_of_a_module_moves_home_by_the_same_shift(tok, layout):
     assert home_shift(layout, "a", "independent") == 5
-    assert [(j.run.start, j.first_position) for j in home_jobs(layout, "a", "independent")] == [(0, 0), (2, 1)]
+    assert [(j.start, j.first_position) for j in home_segments(layout, "a", "independent")] == [(0, 0), (2, 1)]
 
 
 def test_chain_links_are_computed_in_place(tok):
@@ -263,10 +263,10 @@ def scaffold_after(first: str) -> str:
 
 def test_a_scaffold_after_a_module_has_its_home_where_its_context_starts_at_zero(tok):
     layout = layout_of(scaffold_after("Cups"), tokenizer=tok)
-    job = scaffold_job(layout, "k", "preamble")
+    job = scaffold_segment(layout, "k", "preamble")
     shift = home_shift(layout, "scaffold:k", "preamble")
     assert shift == job.first_position > 0 and home_shift(layout, "scaffold:k", "chain") == 0  # chain: a link
-    home = home_scaffold_job(layout, "k", "preamble")
+    (home,) = home_segments(layout, "scaffold:k", "preamble")
     assert home.first_position == 0 and home.shared_context == () and home.context == job.context
     assert [(r.start + shift, r.tokens) for r in home.runs] == [(r.start, r.tokens) for r in job.runs]
     assert home_shift(layout_of(SCAFFOLD, tokenizer=tok), "scaffold:x", "preamble") == 0  # right after the preamble
