@@ -397,14 +397,14 @@ def run_model(model: str, args) -> dict:
     """Returns every scenario's records for one model, with the conversations' user turns."""
     store = Path(tempfile.mkdtemp(prefix="pc_cpu_chat_turns_"))  # an empty disk tier: nothing from earlier runs
     pc = PromptCache(model, threads=args.threads, parallel=4, store=store)  # pc_cpu's flash attention; the peer's too
-    peer = LlamaPeer(str(pc.model.path), pc.prompts.n_ctx, args.threads, pc.flash_attn)
+    peer = LlamaPeer(str(pc.model.path), pc.engine.prompts.n_ctx, args.threads, pc.flash_attn)
     try:
         tokenize = lambda t: pc.model.tokenize(t, special=False)
         per_repeat = 2 + len(args.modes) * (1 + args.conversations) * args.turns
         turns, source = user_turns(tokenize, per_repeat * args.repeats, args.turn_tokens)
         taken = iter(turns)
         take = lambda n: [next(taken) for _ in range(n)]
-        report = {"name": model, "model": pc.model.path.name, "n_ctx": pc.prompts.n_ctx, "data": source,
+        report = {"name": model, "model": pc.model.path.name, "n_ctx": pc.engine.prompts.n_ctx, "data": source,
                   "user_turn_tokens": statistics.mean(len(tokenize(t.text)) for t in turns),
                   "llama_chat_format": peer.llm.chat_format, "repeats": []}
         print(f"{report['model']}: warm-up", file=sys.stderr, flush=True)

@@ -60,9 +60,9 @@ class Item:
 
     def __init__(self, pc: PromptCache, question, neighbour=None):
         self.neighbour = neighbour  # another question, whose documents stand in for the ones before
-        self.pc, self.ctx, self.enc = pc, pc.prompts, pc.documents.encoder
-        self.slot, self.workspace = pc.roles.slots[0], pc.roles.workspace
-        self.prompt = pc.documents.prompt(question.question, list(question.documents), system=question.system)
+        self.pc, self.ctx, self.enc = pc, pc.engine.prompts, pc.engine.documents.encoder
+        self.slot, self.workspace = pc.engine.roles.slots[0], pc.engine.roles.workspace
+        self.prompt = pc.engine.documents.prompt(question.question, list(question.documents), system=question.system)
         self.gold = self.prompt.documents[question.gold_index]
         p = self.prompt
         self.ctx.seq_rm(self.slot)

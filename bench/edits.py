@@ -64,7 +64,7 @@ def load(model: str | None, threads: int, store: Path, modules: list[tuple[str, 
         seconds = time.perf_counter() - start
         answer = pc.generate(prompt(modules), max_tokens=12)
         return {"seconds": seconds, "encoded": pc.modules_encoded, "tokens": answer.token_ids,
-                "at_home": pc.modules.at_home}
+                "at_home": pc.engine.modules.at_home}
 
 
 def main() -> None:

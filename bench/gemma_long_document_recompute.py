@@ -38,9 +38,9 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
     prompt = _prompt(pc, QUESTION, docs)
     full = prefill_logits(pc, list(prompt.tokens), [])
     partial = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in ("0", "tail:64", "10%", "tail:256", "all")}
-    stored, _ = pc.documents.encoder.document_blob(pre, long, tokens)
+    stored, _ = pc.engine.documents.encoder.document_blob(pre, long, tokens)
     home = len(pre)
-    blobs = pc.modules.encoder.compute_apart(Segment("long", (Run(home, tokens),), pre))
+    blobs = pc.engine.modules.encoder.compute_apart(Segment("long", (Run(home, tokens),), pre))
     whole = bytes(state_blob.splice(blobs))
     out["cells_stored_vs_whole"] = [state_blob.section_cells(stored), state_blob.section_cells(whole)]
     # the cells both hold must agree (same batches), so the difference is only the missing ones
@@ -51,7 +51,7 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
             idx = [rows[p] for p in a[0].tolist()]
             out.setdefault("common_cells_max_abs_diff", []).append(
                 max(float(np.abs(a[1] - b[1][idx]).max()), float(np.abs(a[2] - b[2][idx]).max())))
-    key = pc.documents.encoder.document_key(pre, long, tokens)
+    key = pc.engine.documents.encoder.document_key(pre, long, tokens)
     pc.store.put(key, Entry(parts.pack([whole]), len(tokens), (home, home + len(tokens))))
     wholes = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in partial}
     scale = float(np.abs(full).max())

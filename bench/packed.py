@@ -45,12 +45,12 @@ def main() -> None:
         question = "<user>When was the Calder Light automated?</user>"
         in_order = f'<prompt schema="bench">{"".join(f"<{n}/>" for n, _ in modules)}{question}</prompt>'
         moved = f'<prompt schema="bench">{"".join(f"<{n}/>" for n, _ in reversed(modules))}{question}</prompt>'
-        relocator = pc.modules.rope
+        relocator = pc.engine.modules.rope
         if relocator is None:
             raise SystemExit("this model's cells are moved by seq_add only: nothing to compare")
 
         def run(setting: str) -> float:
-            pc.modules.rope = None if setting == "moved_seq_add" else relocator
+            pc.engine.modules.rope = None if setting == "moved_seq_add" else relocator
             prompt = in_order if setting == "in_order" else moved
             pc.scheduler.drop_held()  # a stream still holding this prompt's cells would be reused, not assembled
             return pc.generate(prompt, max_tokens=1, use_cache=setting != "full_prefill").ttft_ms
@@ -61,7 +61,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for setting in SETTINGS:
                 times[setting].append(run(setting))
-        pc.modules.rope = relocator
+        pc.engine.modules.rope = relocator
         plan = pc.plan(moved)
     full = statistics.median(times["full_prefill"])
     out = {"model": pc.model.path.name, "threads": args.threads, "repeats": args.repeats,

@@ -62,30 +62,30 @@ def build_prompts(pc: PromptCache):
 
 
 def pieces_of(pc: PromptCache, prompt):
-    work = DocumentWork(prompt, pc.documents.encoder, True)
+    work = DocumentWork(prompt, pc.engine.documents.encoder, True)
     work.prepare()
     return work.pieces
 
 
 def build(pc: PromptCache, prompt, pieces, way: str) -> float:
     """Returns the seconds a build of prompt stream 0 takes the `way` given (old, new, lib)."""
-    enc = pc.documents.encoder
+    enc = pc.engine.documents.encoder
     room = enc.library
     enc.library = None if way == "old" else room
     try:
         t0 = time.perf_counter()
         if way == "lib":  # the one-pass code on a single run, which prefill sends to the stream path
-            pc.prompts.seq_rm(0)
+            pc.engine.prompts.seq_rm(0)
             cached = ops.restore_blob([enc.move(p, 0) for p in pieces], 1)
             assert recompute_pass.recompute_in_library(room, cached, prompt.recomputed,
-                                                       prompt.tokens[:prompt.tail_start], pc.prompts, 0)
+                                                       prompt.tokens[:prompt.tail_start], pc.engine.prompts, 0)
             enc._tail(prompt, 0)
         else:
             enc.prefill(prompt, pieces, 0)
         seconds = time.perf_counter() - t0
     finally:
         enc.library = room
-        pc.prompts.seq_rm(0)
+        pc.engine.prompts.seq_rm(0)
     return seconds
 
 
@@ -96,7 +96,7 @@ def phases(pc: PromptCache, prompt, pieces, way: str) -> dict[str, float]:
     """Returns milliseconds by context call (library/prompts) of one build, and the rest (Python, blob ops)."""
     spent: dict[str, float] = defaultdict(float)
     patched = []
-    for name, ctx in (("library", pc.ctx), ("prompts", pc.prompts)):
+    for name, ctx in (("library", pc.engine.ctx), ("prompts", pc.engine.prompts)):
         for call in CALLS:
             original = getattr(ctx, call)
 

@@ -51,7 +51,7 @@ def test_assemble_n_modules(benchmark, pc, n):
 
     def assemble():
         pc.prefill(plan, use_cache=True)
-        pc.ctx.seq_rm(PROMPT_SEQ)
+        pc.engine.ctx.seq_rm(PROMPT_SEQ)
 
     benchmark(assemble)
 
@@ -95,7 +95,7 @@ def test_order_and_restream_schema_prompt(benchmark, pc, impl):
     if impl is native and not native.available():
         pytest.skip("libpc_native not built")
     staged = bytes(state_blob.splice(_module_blobs(pc, 32)[::-1]))
-    n_stream = pc.prompts.n_stream
+    n_stream = pc.engine.prompts.n_stream
     def order_and_restream():
         ordered = bytearray(staged)
         impl.order_in_place(ordered)

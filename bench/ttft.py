@@ -106,7 +106,7 @@ def main() -> None:
     plan = pc.plan(prompt)
     base = statistics.median(times["full_prefill"])
     report = {
-        "model": pc.model.path.name, "threads": pc.ctx.threads, "repeats": args.repeats,
+        "model": pc.model.path.name, "threads": pc.engine.ctx.threads, "repeats": args.repeats,
         "plain": args.plain, "flash_attn": args.flash_attn, "flash_attn_used": pc.flash_attn,
         "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
         "encode_s": round(encode_s, 2),

@@ -49,7 +49,8 @@ from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_after_edit, check_messages
-from pc_cpu.pml.document_layout import DocumentPrompt, check_document_policy, check_encoding, check_prefix
+from pc_cpu.pml.document_layout import (DocumentPrompt, check_document_policy, check_encoding, check_prefix,
+                                        preamble_tokens)
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.layout import Layout
 from pc_cpu.pml.plan import Plan, build_plan
@@ -67,6 +68,22 @@ from pc_cpu.store.resident import ResidentTier
 from pc_cpu.store.tiers import TieredStore
 
 PROMPT_SEQ = 0  # the first prompt slot (tests and `prefill` use it by hand)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineParts:
+    """The engine a PromptCache drives, for tests and benchmarks of the machinery itself (PromptCache.engine).
+
+    Not the library's API: these objects change with the engine. What a caller reads of a cache's
+    cells has a public view on PromptCache (prefilled, prefilled_ask, full_prefill, document_cells,
+    encoding_cells); a test that needs more than that tests the engine, and reaches it here.
+    """
+
+    ctx: Context  # the library context: resident schema encodings, the probe, one-pass recomputation
+    prompts: Context  # the prompt context: a stream per prompt slot, the workspaces
+    roles: SequenceRoles  # which sequence id plays which role in each
+    modules: ModuleCache  # a schema's encodings, resident and in the byte tiers
+    documents: Documents  # the document library and its encoder (documents.encoder)
 
 
 class PromptCache:
@@ -111,39 +128,39 @@ class PromptCache:
         self.encoding = check_mode(encoding)
         check_max_documents(max_documents)  # before the model loads: a mistake fails fast
         roles = SequenceRoles.for_contexts(parallel, n_seq_max)  # before the model loads, too
-        self.model, self.ctx, self.prompts = _open_contexts(
+        self.model, self._ctx, self._prompts = _open_contexts(
             Model(resolve_model_path(model), verbose=verbose), roles,
             lambda model: ContextConfig(n_ctx=n_ctx or min(model.info.n_ctx_train or 8192, 8192),
                                         n_seq_max=n_seq_max, threads=threads,
                                         flash_attn=default_flash_attn(model.info) if flash_attn is None else flash_attn))
         self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                            eos_token=self.model.eos_text())
-        self.roles = roles
+        self._roles = roles
         self._resident = ResidentTier(list(roles.libraries))
         self.store = _open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
         disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
         ropes = _cache_ropes(self.model)
-        self._blender = LazyBlender(self.ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
-        self.documents = Documents(self.model, self.markup, self.prompts, roles, self.store, ropes,
-                                   library_dir=library_directory(disk) if disk is not None else None,
-                                   max_documents=max_documents,
-                                   library_room=LibraryRoom(self.ctx, roles.slots, self._resident.idle_seqs,
-                                                            together=1 if self.model.info.n_swa else None),
-                                   probe=lambda: self._blender.get().probe)
+        self._blender = LazyBlender(self._ctx, self._resident.idle_seqs, roles.scratch)  # probe: on first select:
+        self._documents = Documents(self.model, self.markup, self._prompts, roles, self.store, ropes,
+                                    library_dir=library_directory(disk) if disk is not None else None,
+                                    max_documents=max_documents,
+                                    library_room=LibraryRoom(self._ctx, roles.slots, self._resident.idle_seqs,
+                                                             together=1 if self.model.info.n_swa else None),
+                                    probe=lambda: self._blender.get().probe)
         # Sliding-window models compute modules in the library context: their long runs need the hold there.
-        workspace = None if self.model.info.n_swa else Workspace(self.prompts, roles.workspace)
+        workspace = None if self.model.info.n_swa else Workspace(self._prompts, roles.workspace)
         # load_schema computes modules here, giving way to running prompts between batches (_precompute).
-        adder = None if workspace is None else Workspace(self.prompts, roles.adder)
-        self.modules = ModuleCache(self.ctx, self._resident, self.store, roles, mode=self.encoding, workspace=workspace,
-                                   rope=ropes)
+        adder = None if workspace is None else Workspace(self._prompts, roles.adder)
+        self._modules = ModuleCache(self._ctx, self._resident, self.store, roles, mode=self.encoding,
+                                    workspace=workspace, rope=ropes)
         self._locks = ContextLocks()
         self._lock = self._locks.context  # one thread at a time calls into the context, in arrival order
-        self._scheduler = Scheduler(self.ctx, self.prompts, roles, self._lock, batch_invariant=batch_invariant)
+        self._scheduler = Scheduler(self._ctx, self._prompts, roles, self._lock, batch_invariant=batch_invariant)
         self.chat_template = ChatTemplate(self.model.chat_template(), eos_token=self.model.eos_text())
-        self._conversations = ConversationCells(CellStore(self.prompts, self.store), self.prompts.cells_id,
-                                                can_cut=not self.model.info.n_swa, mover=self.documents.encoder)
-        self.schemas = Schemas(self.model, self.markup, self.modules, self._scheduler, self._locks, mode=self.encoding,
-                               n_ctx=self.ctx.n_ctx, adder=adder)
+        self._conversations = ConversationCells(CellStore(self._prompts, self.store), self._prompts.cells_id,
+                                                can_cut=not self.model.info.n_swa, mover=self._documents.encoder)
+        self.schemas = Schemas(self.model, self.markup, self._modules, self._scheduler, self._locks,
+                               mode=self.encoding, n_ctx=self._ctx.n_ctx, adder=adder)
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -151,8 +168,8 @@ class PromptCache:
         """Stops the scheduler, then frees the contexts, then the model."""
         self._scheduler.close()
         self._blender.close()
-        self.prompts.close()
-        self.ctx.close()
+        self._prompts.close()
+        self._ctx.close()
         self.model.close()
 
     def __enter__(self) -> "PromptCache":
@@ -195,7 +212,7 @@ class PromptCache:
         """
         with self._lock:
             self._scheduler.drop_held()  # the free prompt slots' streams, kept for reuse
-            return self.modules.evict(schema)
+            return self._modules.evict(schema)
 
     def inspect_schema(self, pml: str) -> Layout:
         """Returns the layout of a schema without loading or encoding it."""
@@ -217,12 +234,12 @@ class PromptCache:
     @property
     def flash_attn(self) -> bool:
         """Returns whether llama.cpp runs flash attention here (None, llama.cpp's choice, is on on a CPU)."""
-        return self.ctx.config.flash_attn is not False
+        return self._ctx.config.flash_attn is not False
 
     @property
     def n_ctx(self) -> int:
         """Returns the cells the library context holds (the n_ctx asked for, or the model's default)."""
-        return self.ctx.n_ctx
+        return self._ctx.n_ctx
 
     def _loaded(self, name: str) -> LoadedSchema:
         return self.schemas.get(name)
@@ -269,7 +286,7 @@ class PromptCache:
             loaded = self._loaded(plan.schema)
             if plan.selected_tokens and options.use_cache:
                 self._blender.get()  # loads the probe here, so that a failure is the caller's
-        work = SchemaPrompt(plan, loaded.layout, options.use_cache, self.prompts, self.modules, self._blender.get)
+        work = SchemaPrompt(plan, loaded.layout, options.use_cache, self._prompts, self._modules, self._blender.get)
         return self._submit(work, sampling, options, t0)
 
     def _plan_of(self, prompt: "str | Plan", recompute) -> Plan:
@@ -324,10 +341,10 @@ class PromptCache:
             DocumentLimitError: a name too long, or one name or one document more than the library takes.
             AddCancelledError: `cancel` was set before the encoding finished.
         """
-        new = self.documents.check_addable(text, name, system)  # before waiting for the stream: refusals come fast
+        new = self._documents.check_addable(text, name, system)  # before waiting for the stream: refusals come fast
         with self._locks.adding():
-            return self.documents.add(new, encoding=self._default_encoding(), pace=self._paced, progress=progress,
-                                      cancel=cancel)
+            return self._documents.add(new, encoding=self._default_encoding(), pace=self._paced, progress=progress,
+                                       cancel=cancel)
 
     def remove_document(self, id_or_name: str) -> Document:
         """Returns the document it forgot, after deleting its encodings from every tier; other documents are untouched.
@@ -336,7 +353,7 @@ class PromptCache:
             UnknownDocumentError: nothing has this id or name.
         """
         with self._lock:
-            return self.documents.remove(id_or_name)
+            return self._documents.remove(id_or_name)
 
     def list_documents(self) -> list[Document]:
         """Returns every document of the library (id, text, names, added), oldest first."""
@@ -345,7 +362,7 @@ class PromptCache:
     @property
     def library(self) -> DocumentLibrary:
         """Returns the document library (texts and names, beside the disk tier)."""
-        return self.documents.library
+        return self._documents.library
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
             system: str | None = None, order: str | None = None, setting: str | None = None,
@@ -403,11 +420,11 @@ class PromptCache:
         check_prefix(prefix)  # likewise
         check_encoding(encoding)
         with self._lock:  # as every library read of the façade; tokenizing needs no lock and waits for no step
-            docs = self.documents.resolve(documents)
-            before = self.documents.before(docs) if encoding == "library" else None
+            docs = self._documents.resolve(documents)
+            before = self._documents.before(docs) if encoding == "library" else None
             if policy.select and options.use_cache:
                 self._blender.get()  # loads the probe here, so that a failure is the caller's
-        work = self.documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
+        work = self._documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
                                    use_cache=options.use_cache, prefix=prefix, before=before)
         return self._submit(work, sampling, options, t0)
 
@@ -472,18 +489,18 @@ class PromptCache:
         placed, before = (), None
         if documents:
             if options.use_cache:
-                self.documents.check_supported()
+                self._documents.check_supported()
             with self._lock:  # as every library read of the façade
-                docs = self.documents.resolve(documents)
+                docs = self._documents.resolve(documents)
                 if self._default_encoding() == "library":  # as `ask` encodes them on this model
-                    before = self.documents.before(docs)
-            placed = tuple((doc.id, self.documents.tokens(doc.text)) for doc in docs)
+                    before = self._documents.before(docs)
+            placed = tuple((doc.id, self._documents.tokens(doc.text)) for doc in docs)
         prompt = chat_prompt(checked, self.chat_template, self.model, documents=placed)
         if prompt.documents is not None and before is not None:
-            prompt = dataclasses.replace(prompt, documents=self.documents.after_stand_ins(prompt.documents, before))
-        if prompt.end + 1 > self.prompts.n_ctx:
+            prompt = dataclasses.replace(prompt, documents=self._documents.after_stand_ins(prompt.documents, before))
+        if prompt.end + 1 > self._prompts.n_ctx:
             raise ContextOverflowError(
-                f"the conversation is {prompt.end:,} tokens and a prompt holds {self.prompts.n_ctx:,} with its "
+                f"the conversation is {prompt.end:,} tokens and a prompt holds {self._prompts.n_ctx:,} with its "
                 "answer: drop its oldest turns (keep the system message), or raise n_ctx")
 
         def answered(text: str) -> ChatPrompt | None:
@@ -495,7 +512,7 @@ class PromptCache:
 
         document_work = None
         if prompt.documents is not None:
-            document_work = DocumentWork(prompt.documents, self.documents.encoder, options.use_cache, "background")
+            document_work = DocumentWork(prompt.documents, self._documents.encoder, options.use_cache, "background")
         work = ChatWork(prompt, self._conversations, answered, options.use_cache, document_work, after_edit)
         return self._submit(work, sampling, options, t0)
 
@@ -548,11 +565,11 @@ class PromptCache:
             PromptCacheError: an empty question.
             ContextOverflowError: the prompt and one answer token need more positions than a prompt holds (n_ctx).
         """
-        return self.documents.prompt(question, texts, system=system, names=names, order=order)
+        return self._documents.prompt(question, texts, system=system, names=names, order=order)
 
     def document_tokens(self, text: str) -> tuple[int, ...]:
         """Returns the tokens a document's text contributes to a prompt, tokenized once per text."""
-        return self.documents.tokens(text)
+        return self._documents.tokens(text)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Returns True once no prompt waits or runs and no background work is left; False if `timeout` seconds pass first.
@@ -565,12 +582,12 @@ class PromptCache:
     @property
     def modules_encoded(self) -> int:
         """Returns how many schema encodings (modules, scaffolds) this instance computed; a store hit is not one."""
-        return self.modules.encoded
+        return self._modules.encoded
 
     @property
     def documents_encoded(self) -> int:
         """Returns how many preambles and documents this instance computed (a warm store keeps it at 0)."""
-        return self.documents.encoded
+        return self._documents.encoded
 
     def prepare(self, plan: Plan, *, use_cache: bool, reserve: int = 1) -> dict[str, str]:
         """Makes the plan's encodings resident with room for the prompt; returns the tier that served each.
@@ -581,7 +598,7 @@ class PromptCache:
             loaded = self._loaded(plan.schema)
             new_cells = plan.uncached_tokens + plan.selected_tokens if use_cache else 0
             keys = plan.encodings if use_cache else ()
-            return self.modules.ensure(loaded.layout, keys, reserve=new_cells + reserve)
+            return self._modules.ensure(loaded.layout, keys, reserve=new_cells + reserve)
 
     def prefill(self, plan: Plan, *, use_cache: bool) -> int:
         """Builds the prompt's KV cache in stream PROMPT_SEQ of `prompts`; returns the position generation continues at.
@@ -592,7 +609,7 @@ class PromptCache:
         with self._lock:
             self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
             self.prepare(plan, use_cache=use_cache)
-            work = SchemaPrompt(plan, self._loaded(plan.schema).layout, use_cache, self.prompts, self.modules,
+            work = SchemaPrompt(plan, self._loaded(plan.schema).layout, use_cache, self._prompts, self._modules,
                                 self._blender.get)
             return work.prefill(PROMPT_SEQ)
 
@@ -601,7 +618,7 @@ class PromptCache:
 
         For tests and tools: `with cache.prefilled(plan, use_cache=True) as prompt: prompt.logits()`.
         """
-        return PrefilledPrompt(self.prefill(plan, use_cache=use_cache), self.prompts, self._lock)
+        return PrefilledPrompt(self.prefill(plan, use_cache=use_cache), self._prompts, self._lock)
 
     def full_prefill(self, tokens: Sequence[int], *, batch_starts: Sequence[int] = ()) -> "PrefilledPrompt":
         """Returns `tokens` computed at positions 0..n-1 of stream PROMPT_SEQ, to read and then close.
@@ -620,8 +637,63 @@ class PromptCache:
                                    f"give token indices in 0..{len(tokens) - 1}")
         with self._lock:
             self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
-            end = full_prefill(self.prompts, tokens, PROMPT_SEQ, batch_starts)
-        return PrefilledPrompt(end, self.prompts, self._lock)
+            end = full_prefill(self._prompts, tokens, PROMPT_SEQ, batch_starts)
+        return PrefilledPrompt(end, self._prompts, self._lock)
+
+    def prefilled_ask(self, question: str, *, documents: Sequence[str], system: str | None = None,
+                      recompute: "str | float | RecomputePolicy | None" = None, order: str | None = None,
+                      encoding: str | None = None, prefix: str = "off", use_cache: bool = True) -> "PrefilledPrompt":
+        """Returns the question's cells built as `ask` builds them, to read and then close.
+
+        The arguments are `ask`'s; `prefix` defaults to "off" (documents encoded apart and moved,
+        the path a new combination takes), and a stored exact prefix is used only if asked for.
+        For tests and tools, while nothing else runs: `with cache.prefilled_ask(q, documents=ids) as p: p.logits()`.
+        """
+        recompute, order, prefix, encoding = self._document_setting(None, recompute, order, prefix, encoding)
+        policy = check_document_policy(parse_policy(recompute))
+        check_prefix(prefix)
+        check_encoding(encoding)
+        with self._lock:
+            self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
+            docs = self._documents.resolve(documents)
+            before = self._documents.before(docs) if encoding == "library" else None
+            work = self._documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
+                                        use_cache=use_cache, prefix=prefix, before=before)
+            work.prepare()
+            end = work.prefill(PROMPT_SEQ)
+            selected = self._documents.encoder.last_selected if policy.select and use_cache else ()
+        return PrefilledPrompt(end, self._prompts, self._lock, selected=selected)
+
+    def document_cells(self, document: str, *, system: str | None = None) -> bytes:
+        """Returns a document's cells as computed after the system message alone (its home), as a state blob.
+
+        `document`: an id or name of the library. The cells come from the tiers, or are computed
+        (and stored) if no tier holds them: the bytes a prompt placing the document first restores.
+        """
+        with self._lock:
+            (doc,) = self._documents.resolve([document])
+            preamble = preamble_tokens(system, self.model, self.markup)
+            blob, _ = self._documents.encoder.document_blob(preamble, doc.id, self._documents.tokens(doc.text))
+            return blob
+
+    def encoding_cells(self, schema: str, encoding: str) -> bytes:
+        """Returns the resident cells of a schema's encoding (a module, or scaffold_key(name)), at its layout positions.
+
+        One state blob of the library context. Raises PromptCacheError when the encoding is not
+        resident (load the schema, or generate a prompt importing it, first).
+        """
+        with self._lock:
+            layout = self._loaded(schema).layout
+            seq = self._modules.sequence_of(layout, encoding)
+            if seq is None:
+                raise PromptCacheError(f"encoding {encoding!r} of schema {schema!r} is not resident; load the schema "
+                                       "with encode=True or generate a prompt that imports it first")
+            return self._modules.resident_cells(layout, encoding, seq)
+
+    @property
+    def engine(self) -> EngineParts:
+        """Returns the engine's parts, for tests and benchmarks of the machinery itself; see EngineParts."""
+        return EngineParts(self._ctx, self._prompts, self._roles, self._modules, self._documents)
 
     @property
     def blender(self) -> Blender | None:
@@ -717,8 +789,9 @@ class PrefilledPrompt:
     Closing it (or leaving its `with` block) frees the stream. Read it while nothing else runs.
     """
 
-    def __init__(self, end: int, prompts: Context, lock: FairLock):
+    def __init__(self, end: int, prompts: Context, lock: FairLock, *, selected: tuple[int, ...] = ()):
         self.end = end  # the position generation would continue at
+        self.selected = selected  # the positions a `select:` policy chose to compute again (prefilled_ask)
         self._prompts = prompts
         self._lock = lock
 

@@ -203,16 +203,16 @@ def uncached_only_ms(pc, question, docs) -> float:
     prompt = _prompt(pc, question, docs)
     pc.wait_idle()  # the exact prefixes the questions left to compute first: the context is used by hand below
     pc.scheduler.drop_held()  # stream 0 is used by hand below
-    work = DocumentWork(prompt, pc.documents.encoder, True)
+    work = DocumentWork(prompt, pc.engine.documents.encoder, True)
     work.prepare()
     pieces = work.pieces
-    moved = [pc.documents.encoder.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
-    pc.prompts.state_set(0, ops.restore_blob(moved, pc.prompts.n_stream))
+    moved = [pc.engine.documents.encoder.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
+    pc.engine.prompts.state_set(0, ops.restore_blob(moved, pc.engine.prompts.n_stream))
     t0 = time.perf_counter()
-    pc.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
-    int(np.argmax(pc.prompts.logits()))
+    pc.engine.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    int(np.argmax(pc.engine.prompts.logits()))
     ms = (time.perf_counter() - t0) * 1000
-    pc.prompts.seq_rm(0)
+    pc.engine.prompts.seq_rm(0)
     return ms
 
 
@@ -232,7 +232,7 @@ def relocation(job: DocumentsBench) -> dict:
     out: dict = {"model": job.model, "n": job.n, "threads": job.threads}
     with PromptCache(job.model, threads=job.threads, store=False, ram_bytes=8 << 30) as pc:
         out["model"] = pc.model.path.name
-        if pc.documents.encoder.ropes is None:
+        if pc.engine.documents.encoder.ropes is None:
             raise DocumentError("the relocation bench compares the C relocator with llama.cpp's seq_add, and "
                                  "this model's cells are moved by seq_add only (a sliding window); use another model")
         ids = {q: pc.add_document(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
@@ -250,23 +250,23 @@ def relocation(job: DocumentsBench) -> dict:
             q = questions[gold]
             prompt = _prompt(pc, q.question, [ids[i] for i in order])
             pc.scheduler.drop_held()  # streams 0 and the workspace are used by hand below
-            work = DocumentWork(prompt, pc.documents.encoder, True)
+            work = DocumentWork(prompt, pc.engine.documents.encoder, True)
             work.prepare()
             pieces = work.pieces
             # One pass, as `ask` assembles (into the encoder's reused buffer).
             t0 = time.perf_counter()
-            pc.prompts.state_set(0, pc.documents.encoder.assembled(pieces))
+            pc.engine.prompts.state_set(0, pc.engine.documents.encoder.assembled(pieces))
             one_pass_ms.append((time.perf_counter() - t0) * 1000)
-            pc.prompts.seq_rm(0)
+            pc.engine.prompts.seq_rm(0)
             # Two passes: relocate, then join (restore_blob), then one state_set.
             t0 = time.perf_counter()
-            relocated = [p.blob if p.delta == 0 else ops.relocate(p.blob, p.delta, pc.documents.encoder.ropes)
+            relocated = [p.blob if p.delta == 0 else ops.relocate(p.blob, p.delta, pc.engine.documents.encoder.ropes)
                          for p in pieces]
-            pc.prompts.state_set(0, ops.restore_blob(relocated, pc.prompts.n_stream))
+            pc.engine.prompts.state_set(0, ops.restore_blob(relocated, pc.engine.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)
             mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
             if job.timing_only:
-                pc.prompts.seq_rm(0)
+                pc.engine.prompts.seq_rm(0)
             else:
                 moved_answer = greedy(pc, prompt)
             # seq_add path: each document restored into the library's scratch, moved by llama.cpp, shared
@@ -274,7 +274,7 @@ def relocation(job: DocumentsBench) -> dict:
             t0 = time.perf_counter()
             seq_add_assemble(pc, pieces)
             seq_add_ms.append((time.perf_counter() - t0) * 1000)
-            pc.prompts.seq_rm(0)
+            pc.engine.prompts.seq_rm(0)
             if job.timing_only:
                 continue
             placed_answer = greedy(pc, prompt, blobs=placed_blobs(pc, prompt))
@@ -312,7 +312,7 @@ def paired(moved, placed, full) -> dict:
 
 def seq_add_assemble(pc, pieces) -> None:
     """Builds prompt stream 0 from the pieces with llama.cpp's seq_add on private copies in the library."""
-    ctx, scratch, staging = pc.ctx, pc.roles.scratch, 0
+    ctx, scratch, staging = pc.engine.ctx, pc.engine.roles.scratch, 0
     ctx.seq_rm(staging)
     for piece in pieces:
         info = ops.scan(piece.blob)
@@ -324,15 +324,15 @@ def seq_add_assemble(pc, pieces) -> None:
     apply_pending_shifts(ctx, scratch)
     blob = ctx.state_get(staging)
     ctx.seq_rm(staging)
-    restore = ops.restream(blob, pc.prompts.n_stream)
+    restore = ops.restream(blob, pc.engine.prompts.n_stream)
     ops.order_in_place(restore)
-    pc.prompts.state_set(0, restore)
+    pc.engine.prompts.state_set(0, restore)
 
 
 def placed_blobs(pc, prompt) -> list[bytes]:
     """Returns the preamble's cells and each document computed after the preamble at the position the prompt gives it."""
-    work, seq = pc.prompts, pc.roles.adder  # the stream add_document computes in: free while nothing is added
-    preamble, _ = pc.documents.encoder.preamble_blob(prompt.preamble)
+    work, seq = pc.engine.prompts, pc.engine.roles.adder  # the stream add_document computes in: free while nothing is added
+    preamble, _ = pc.engine.documents.encoder.preamble_blob(prompt.preamble)
     blobs = [preamble]
     for doc in prompt.documents:
         first = doc.start - prompt.home
@@ -347,7 +347,7 @@ def placed_blobs(pc, prompt) -> list[bytes]:
 
 def greedy(pc, prompt, *, blobs=None, max_tokens: int = 24) -> list[int]:
     """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed."""
-    work = pc.prompts
+    work = pc.engine.prompts
     if blobs is not None:
         work.state_set(0, ops.restore_blob(blobs, work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)

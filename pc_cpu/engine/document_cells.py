@@ -36,9 +36,8 @@ from pc_cpu.engine.probe import Probe
 from pc_cpu.engine.relocate import move
 from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError, PromptCacheError, StateBlobError
-from pc_cpu.pml.document_layout import (DOCUMENT_MODE, DocumentPrompt, document_content, prefix_content, preamble_content,
-                                  with_runs)
-from pc_cpu.pml.layout import Run
+from pc_cpu.pml.document_layout import (DOCUMENT_MODE, DocumentPrompt, document_content, document_segment,
+                                        prefix_content, preamble_content, with_runs)
 from pc_cpu.pml.segment import Segment
 from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.kvstate import ops
@@ -104,7 +103,7 @@ class DocumentEncoder:
         stored = self._stored(key, (0, len(preamble)))
         if stored is not None:
             return stored
-        return self._computed(key, Segment(key.label, (Run(0, preamble),))), Tier.ENCODED
+        return self._computed(key, document_segment((), preamble, key.label)), Tier.ENCODED
 
     def document_blob(self, preamble: tuple[int, ...], doc_id: str, tokens: tuple[int, ...],
                       key: StoreKey | None = None, on_computed: OnComputed | None = None,
@@ -124,7 +123,7 @@ class DocumentEncoder:
         preamble_cells, preamble_tier = self.preamble_blob(preamble, self.preamble_key(preamble, context_label))
         if served is not None:
             served[PREAMBLE] = preamble_tier
-        segment = Segment(key.label, (Run(home, tokens),), preamble)
+        segment = document_segment(preamble, tokens, key.label)
         return self._computed(key, segment, on_computed, context_cells=preamble_cells), Tier.ENCODED
 
     def prefix_blob(self, key: StoreKey, n_tokens: int) -> tuple[bytes, Tier] | None:

@@ -302,6 +302,11 @@ class ModuleCache:
             return []
         return [self._state_of(library, runs, a, b) for a, b in self._save_spans(runs)]
 
+    def resident_cells(self, layout: Layout, key: str, library: int) -> bytes:
+        """Returns one state blob of encoding `key`'s cells in `library`, at `layout`'s positions."""
+        runs = encoding_runs(layout, key, self.mode)
+        return self._state_of(library, runs, runs[0].start, runs[-1].end)
+
     def _save_blobs(self, store_key: StoreKey, blobs: list, runs: tuple[Run, ...], shift: int) -> None:
         """Writes an encoding's blobs, holding the cells of `runs` at their home (`shift` before), to every byte tier."""
         if self.cells is None or not runs:

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.pml.encoding import content_digest
+from pc_cpu.pml.layout import Run
 from pc_cpu.pml.recompute import RecomputePolicy, contiguous_runs, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
+from pc_cpu.pml.segment import Segment
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.pml.tokenizer import Tokenizer
 
@@ -130,6 +132,15 @@ def stand_ins(before: list[tuple[int, ...]], room: int) -> tuple[int, ...]:
     tokens = tuple(t for doc in before for t in doc)
     keep = max(0, min(STAND_IN_TOKENS, room, len(tokens)))
     return tokens[len(tokens) - keep:] if keep else ()
+
+
+def document_segment(context: tuple[int, ...], tokens: tuple[int, ...], name: str) -> Segment:
+    """Returns the segment that computes `tokens` at their home: right after `context`, from position 0.
+
+    A document's context is the preamble (and its stand-ins); a preamble's is empty (it is its
+    own home). Their keys: preamble_content, document_content.
+    """
+    return Segment(name, (Run(len(context), tuple(tokens)),), tuple(context))
 
 
 def preamble_content(preamble: tuple[int, ...]) -> str:

@@ -148,6 +148,6 @@ def test_parallel_leaves_a_sequence_for_modules(make_cache):
     with pytest.raises(PromptCacheError, match=r"parallel=5: must be 1..n_seq_max-4 \(4\); three sequences are"):
         make_cache(n_seq_max=8, parallel=5)
     cache = make_cache(n_seq_max=8, parallel=4)  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
-    assert cache.roles.hold == 7
+    assert cache.engine.roles.hold == 7
     cache.load_schema(SCHEMA)
     assert cache.generate('<prompt schema="trip"><plan days="2"/></prompt>', max_tokens=2).modules

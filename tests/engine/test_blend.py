@@ -163,4 +163,4 @@ def test_concurrent_prompts_with_selection_get_their_single_request_answers(make
     together = run_in_threads(lambda w: cache.generate(prompt(w[0]), max_tokens=12, recompute=w[1]).token_ids, work)
     assert together == alone
     # Every borrowed sequence was handed back empty: the next prompt finds them idle again.
-    assert all(cache.ctx.seq_pos_max(seq) == -1 for seq in cache.modules.resident.idle_seqs())
+    assert all(cache.engine.ctx.seq_pos_max(seq) == -1 for seq in cache.engine.modules.resident.idle_seqs())

@@ -62,17 +62,17 @@ def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_
 
     assert np.abs(got - expected).max() == 0.0
     assert second.modules_encoded == 0
-    assert not second.modules.resident.contains(("s", "b"))
+    assert not second.engine.modules.resident.contains(("s", "b"))
 
 
 def test_chain_module_whose_neighbour_is_not_resident_is_refused_not_computed_afresh(make_cache):
     cache = make_cache(encoding="chain")
     cache.load_schema(SCHEMA, encode=False)
     layout = cache.layout("s")
-    modules = cache.modules
+    modules = cache.engine.modules
 
     with pytest.raises(EngineError, match=r"\['a'\] must be resident"):
-        modules.encoder.encode(layout, "b", cache.roles.libraries[0], lambda other: None if other == "a" else 0)
+        modules.encoder.encode(layout, "b", cache.engine.roles.libraries[0], lambda other: None if other == "a" else 0)
 
 
 # tiny_only: chain links are computed in the library, among other cells, so the small and the large

@@ -115,7 +115,7 @@ def test_a_moved_module_answers_as_in_a_cold_process(make_cache, tmp_path):
     cold.load_schema(edited)
     fresh = cold.generate(prompt, max_tokens=6)
     assert warm.modules_encoded == 1  # n0 only
-    assert warm.modules.shift_of(warm.layout("lib"), "n2") != 0
+    assert warm.engine.modules.shift_of(warm.layout("lib"), "n2") != 0
     assert moved.token_ids == fresh.token_ids and len(moved.token_ids) > 0
     assert prompt_logits(warm, prompt).tobytes() == prompt_logits(cold, prompt).tobytes()
 
@@ -128,22 +128,12 @@ def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(m
     cache = make_cache(store=False)
     cache.load_schema(notes("lib", 3))
     layout = cache.layout("lib")
-    assert cache.modules.shift_of(layout, "n2") > 0
+    assert cache.engine.modules.shift_of(layout, "n2") > 0
     (job,) = module_segments(layout, "n2", cache.encoding)  # in place: the context right before the run
     # sliding-window models compute in the library context, in whole-state spans
-    in_place = state_blob.splice(cache.modules.encoder.compute_apart(job))
-    moved = resident_state(cache, cache.modules.sequence_of(layout, "n2"), job.runs)
+    in_place = state_blob.splice(cache.engine.modules.encoder.compute_apart(job))
+    moved = cache.encoding_cells("lib", "n2")
     check_moved_cells(moved, in_place, list(range(job.start, job.end)))
-
-
-def resident_state(cache, library: int, runs) -> bytes:
-    """Returns the state bytes of `library`'s cells in `runs`."""
-    try:
-        for run in runs:
-            cache.ctx.seq_cp(library, cache.roles.scratch, run.start, run.end)
-        return cache.ctx.state_get(cache.roles.scratch)
-    finally:
-        cache.ctx.seq_rm(cache.roles.scratch)
 
 
 def check_moved_cells(moved, in_place, positions: list[int]) -> None:
@@ -186,7 +176,7 @@ def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_ca
     warm = make_cache(store=tmp_path / "warm", flash_attn=flash_attn)
     warm.load_schema(edited)
     assert warm.modules_encoded == 1  # intro only: a, b and the scaffold come from the store, moved
-    assert warm.modules.shift_of(warm.layout("sc"), scaffold_key("both")) > 0
+    assert warm.engine.modules.shift_of(warm.layout("sc"), scaffold_key("both")) > 0
     moved = warm.generate(prompt, max_tokens=6)
     cold = make_cache(store=tmp_path / "cold", flash_attn=flash_attn)
     cold.load_schema(edited)
@@ -201,9 +191,9 @@ def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place
     cache = make_cache(store=False)
     cache.load_schema(scaffolded("The tea shop's notes, kept by the owner since 1990."))
     layout, key = cache.layout("sc"), scaffold_key("both")
-    assert cache.modules.shift_of(layout, key) > 0
+    assert cache.engine.modules.shift_of(layout, key) > 0
     job = scaffold_segment(layout, "both", cache.encoding)  # in place: the context right before the first run
     assert len(job.runs) == 2  # a gap between them
-    in_place = state_blob.splice(cache.modules.encoder.compute_apart(job))
-    moved = resident_state(cache, cache.modules.sequence_of(layout, key), job.runs)
+    in_place = state_blob.splice(cache.engine.modules.encoder.compute_apart(job))
+    moved = cache.encoding_cells("sc", key)
     check_moved_cells(moved, in_place, [p for run in job.runs for p in range(run.start, run.end)])

@@ -32,14 +32,14 @@ def baseline(cache, question, docs=None):
 
 
 def prefix_key(cache, question, docs=None):
-    prompt = cache.documents.prompt(question, [cache.library.get(d).text for d in docs or cache.ids])
-    return cache.documents.encoder.prefix_key(prompt), prompt
+    prompt = cache.engine.documents.prompt(question, [cache.library.get(d).text for d in docs or cache.ids])
+    return cache.engine.documents.encoder.prefix_key(prompt), prompt
 
 
 def default_before(cache, docs):
     """Returns the stand-ins `ask` encodes `docs` after on this model by default (None: the preamble alone)."""
     encoding = settings_for(cache.model.path.name).fast.encoding
-    return cache.documents.before(docs) if encoding == "library" else None
+    return cache.engine.documents.before(docs) if encoding == "library" else None
 
 
 def prefixes(cache) -> list:
@@ -135,10 +135,10 @@ def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_pre
     from pc_cpu.engine.sampler import SamplingParams
     from pc_cpu.engine.scheduler import Job
 
-    scheduler, prompts = cache.scheduler, cache.prompts
+    scheduler, prompts = cache.scheduler, cache.engine.prompts
     prompts.n_batch = 16  # the prefix in several chunks (every path chunks alike)
-    docs = cache.documents.resolve(cache.ids)
-    work = cache.documents.work(OTHER, docs, names=cache.ids, system=None, order="given",
+    docs = cache.engine.documents.resolve(cache.ids)
+    work = cache.engine.documents.work(OTHER, docs, names=cache.ids, system=None, order="given",
                                 policy=parse_policy(None), use_cache=True, prefix="background",
                                 before=default_before(cache, docs))
     arrived, stopped = [], []
@@ -173,8 +173,8 @@ def test_a_question_sent_right_after_an_answer_goes_before_that_answers_prefix(c
     monkeypatch.setattr(document_prompt, "PREFIX_DELAY_S", 600.0)
     ask(cache, QUESTION)
     key, _ = prefix_key(cache, QUESTION)
-    starts, decode = [], cache.prompts.decode
-    monkeypatch.setattr(cache.prompts, "decode", lambda tokens, positions, seq, **kw: (
+    starts, decode = [], cache.engine.prompts.decode
+    monkeypatch.setattr(cache.engine.prompts, "decode", lambda tokens, positions, seq, **kw: (
         starts.append(positions[0]), decode(tokens, positions, seq, **kw))[1])
     assert not cache.wait_idle(timeout=0.5) and not cache.store.contains(key)  # waiting for its delay
     assert ask(cache, OTHER).token_ids  # the same documents: every encoding there, nothing to compute but the tail

@@ -12,9 +12,7 @@ from pc_cpu.document_settings import setting
 from pc_cpu.engine.document_prompt import DocumentWork
 from pc_cpu.engine.document_cells import SavedCells
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
-from pc_cpu.pml.document_layout import (document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens,
-                                  with_recompute)
-from pc_cpu.pml.recompute import parse_policy
+from pc_cpu.pml.document_layout import document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import native, ops, state_blob
 from tests.engine.test_scaffold import layer0_keys
 
@@ -39,22 +37,16 @@ def _prompt(cache, question, docs, system=None):
 
 def cached_logits(cache, question, docs, system=None, recompute=None, *, state=False):
     """Returns the last-token logits of the cached document prompt, built in prompt stream 0 (and its state)."""
-    prompt = with_recompute(_prompt(cache, question, docs, system), parse_policy(recompute))
-    work = DocumentWork(prompt, cache.documents.encoder, True)
-    work.prepare()
-    work.prefill(0)
-    logits = cache.prompts.logits()
-    blob = state_blob.restream(cache.prompts.state_get(0), 1) if state else None
-    cache.prompts.seq_rm(0)
+    with cache.prefilled_ask(question, documents=docs, system=system, recompute=recompute,
+                             encoding="preamble") as prefilled:  # as _prompt lays them out
+        logits = prefilled.logits()
+        blob = state_blob.restream(prefilled.cells(), 1) if state else None
     return (logits, blob) if state else logits
 
 
 def home_blob(cache, text):
     """Returns the cells of `text` added as a document, as encoded at its home (no system message)."""
-    doc = cache.add_document(text)
-    preamble = preamble_tokens(None, cache.model, cache.markup)
-    blob, _ = cache.documents.encoder.document_blob(preamble, doc, document_tokens(text, cache.model))
-    return blob
+    return cache.document_cells(cache.add_document(text))
 
 
 def prefill_logits(cache, tokens, splits):
@@ -101,11 +93,11 @@ def test_a_document_at_its_home_equals_the_full_prefill_bit_for_bit(cache_with_s
 
 def test_relocating_by_zero_changes_no_byte(cache_with_store):
     cache = cache_with_store()
-    if cache.documents.encoder.ropes is None:
+    if cache.engine.documents.encoder.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
     blob = home_blob(cache, PARIS)
     impl = native if native.available() else state_blob
-    assert bytes(impl.relocate(blob, 0, cache.documents.encoder.ropes)) == blob
+    assert bytes(impl.relocate(blob, 0, cache.engine.documents.encoder.ropes)) == blob
 
 
 def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
@@ -113,7 +105,7 @@ def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
     # must be those of the relocator then the splicer, and a view of the last prompt's bytes that
     # is still held (the buffer cannot grow under it) must not break the next prompt.
     cache = cache_with_store()
-    encoder = cache.documents.encoder
+    encoder = cache.engine.documents.encoder
     if encoder.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
     ids = [cache.add_document(text) for text in (PARIS, FUJI, PARIS + " It is also known for its cafes.")]
@@ -144,14 +136,14 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     prompt = _prompt(cache, QUESTION, [other, doc])
     placed = prompt.documents[1]
     d = placed.start - prompt.home
-    work = cache.prompts
+    work = cache.engine.prompts
     work.decode(prompt.preamble, range(d, d + prompt.home), 0, logits_last=False)
     work.decode(placed.tokens, range(placed.start, placed.end), 0, logits_last=False)
     work.seq_rm(0, d, d + prompt.home)
     in_place_blob = state_blob.restream(work.state_get(0), 1)
     work.seq_rm(0)
-    home_blob, _ = cache.documents.encoder.document_blob(prompt.preamble, doc, placed.tokens)
-    moved = layer0_keys(cache.documents.encoder.move(SavedCells(home_blob, d), empty=0))  # as `ask` moves it on this model
+    home_blob, _ = cache.engine.documents.encoder.document_blob(prompt.preamble, doc, placed.tokens)
+    moved = layer0_keys(cache.engine.documents.encoder.move(SavedCells(home_blob, d), empty=0))  # as `ask` moves it on this model
     in_place = layer0_keys(in_place_blob)
     assert sorted(moved) == sorted(in_place) == list(range(placed.start, placed.end))
     here = np.stack([in_place[p] for p in sorted(moved)])
@@ -160,8 +152,8 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
 
     # The whole prompt: `doc` moved, against `doc` computed where it is used.
     cached = cached_logits(cache, QUESTION, [other, doc])
-    preamble_blob, _ = cache.documents.encoder.preamble_blob(prompt.preamble)
-    other_blob, _ = cache.documents.encoder.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
+    preamble_blob, _ = cache.engine.documents.encoder.preamble_blob(prompt.preamble)
+    other_blob, _ = cache.engine.documents.encoder.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
     work.state_set(0, ops.restore_blob([preamble_blob, other_blob, in_place_blob], work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     computed_there = work.logits()
@@ -185,14 +177,15 @@ def test_recomputing_or_selecting_every_moved_document_equals_the_full_prefill_b
     prompt = _prompt(cache, QUESTION, ids)
     full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
     for policy in ("all", "select:100%"):
-        assert np.array_equal(cached_logits(cache, QUESTION, ids, recompute=policy), full), policy
-    assert cache.documents.encoder.last_selected == tuple(range(prompt.documents[1].start, prompt.tail_start))
+        with cache.prefilled_ask(QUESTION, documents=ids, recompute=policy, encoding="preamble") as prefilled:
+            assert np.array_equal(prefilled.logits(), full), policy
+    assert prefilled.selected == tuple(range(prompt.documents[1].start, prompt.tail_start))
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all", prefix="off")
     assert result.uncached_tokens == len(prompt.tail) + len(prompt.tokens) - prompt.documents[1].start - len(prompt.tail)
     # With exact prefixes (the default), "all" computes the whole prefix afresh instead, and stores it.
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all")
     assert (result.cached_tokens, result.uncached_tokens) == (0, len(prompt.tokens))
-    assert cache.store.contains(cache.documents.encoder.prefix_key(prompt))
+    assert cache.store.contains(cache.engine.documents.encoder.prefix_key(prompt))
 
 
 def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_store):
@@ -206,15 +199,15 @@ def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_
     _, plain = cached_logits(cache, QUESTION, ids, state=True)
     result = cache.ask(QUESTION, documents=ids, max_tokens=1, recompute="tail:2,select:25%", prefix="off",
                        encoding="preamble")  # as _prompt lays them out
-    chosen = cache.documents.encoder.last_selected
+    with cache.prefilled_ask(QUESTION, documents=ids, recompute="tail:2,select:25%", encoding="preamble") as prefilled:
+        chosen = prefilled.selected  # the same choice `ask` made: the same cells and probe
     tails = {p for doc in prompt.documents[1:] for p in range(doc.end - 2, doc.end)}
     assert len(chosen) == round(0.25 * len(moved)) and set(chosen) <= set(moved) - tails
     assert result.uncached_tokens == len(prompt.tail) + len(tails) + len(chosen)
-    cache.prompts.decode(prompt.tokens[:prompt.tail_start], range(prompt.tail_start), 0, logits_last=False)
-    full = state_blob.restream(cache.prompts.state_get(0), 1)
-    cache.prompts.seq_rm(0)
+    with cache.full_prefill(prompt.tokens[:prompt.tail_start]) as prefilled:
+        full = state_blob.restream(prefilled.cells(), 1)
 
-    section, layer = cache.documents.encoder.probe().layer  # layer 1 (on Gemma 3: of the sliding-window cache)
+    section, layer = cache.engine.documents.encoder.probe().layer  # layer 1 (on Gemma 3: of the sliding-window cache)
 
     def layer1(blob):
         pos, k, v = state_blob.layer_kv(blob, layer, section=section)
@@ -258,10 +251,8 @@ def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_e
     _, recomputed = cached_logits(cache, QUESTION, ids, recompute="head:3", state=True)
     _, plain = cached_logits(cache, QUESTION, ids, state=True)
     edges = [0, prompt.home, moved_doc.start, redo.stop, prompt.end]
-    for lo, hi in zip(edges, edges[1:]):
-        cache.prompts.decode(prompt.tokens[lo:hi], range(lo, hi), 0, logits_last=False)
-    full = state_blob.restream(cache.prompts.state_get(0), 1)
-    cache.prompts.seq_rm(0)
+    with cache.full_prefill(prompt.tokens, batch_starts=edges[1:-1]) as prefilled:
+        full = state_blob.restream(prefilled.cells(), 1)
 
     def k1(blob):  # layer 1: shaped by attention at layer 0, so by what a token saw
         pos, k, _ = state_blob.layer_kv(blob, 1)
@@ -490,12 +481,12 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
     # is turned with its own RoPE base. The prompt's logits are not compared: a Q4 model turns
     # those few ulps into logit changes of ~2% (measured).
     cache = cache_with_store()
-    if cache.documents.encoder.ropes is None:
+    if cache.engine.documents.encoder.ropes is None:
         pytest.skip("this model's cells are moved by seq_add only (test_a_moved_document_... covers it)")
     blob = home_blob(cache, PARIS)
-    by_relocator = cache.documents.encoder.move(SavedCells(blob, 301), empty=0)
-    cache.documents.encoder.ropes = None
-    by_llama = cache.documents.encoder.move(SavedCells(blob, 301), empty=0)
+    by_relocator = cache.engine.documents.encoder.move(SavedCells(blob, 301), empty=0)
+    cache.engine.documents.encoder.ropes = None
+    by_llama = cache.engine.documents.encoder.move(SavedCells(blob, 301), empty=0)
     (k_relocator, rest_relocator), (k_llama, rest_llama) = _k_and_rest(by_relocator), _k_and_rest(by_llama)
     assert rest_llama == rest_relocator  # positions, V and layout
     assert not np.array_equal(k_relocator, _k_and_rest(blob)[0])  # K was rotated
@@ -505,8 +496,8 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
 
 def test_documents_are_refused_where_cells_cannot_move(cache_with_store):
     cache = cache_with_store()
-    cache.documents.encoder.ropes = None
-    cache.prompts.can_shift = False  # as a cache whose positions llama.cpp cannot shift reports
+    cache.engine.documents.encoder.ropes = None
+    cache.engine.prompts.can_shift = False  # as a cache whose positions llama.cpp cannot shift reports
     with pytest.raises(DocumentError, match="cannot|does not allow"):
         cache.add_document(PARIS)
 
@@ -570,10 +561,10 @@ def test_a_document_has_the_same_bytes_whichever_workspace_encoded_it(make_cache
     cache = make_cache(store=False)
     preamble = preamble_tokens(None, cache.model, cache.markup)
     tokens = document_tokens(PARIS, cache.model)
-    key = cache.documents.encoder.document_key(preamble, document_id(PARIS), tokens)
-    by_adder, _ = cache.documents.adder.document_blob(preamble, document_id(PARIS), tokens)
+    key = cache.engine.documents.encoder.document_key(preamble, document_id(PARIS), tokens)
+    by_adder, _ = cache.engine.documents.adder.document_blob(preamble, document_id(PARIS), tokens)
     cache.store.remove(key)
-    by_workspace, tier = cache.documents.encoder.document_blob(preamble, document_id(PARIS), tokens)
+    by_workspace, tier = cache.engine.documents.encoder.document_blob(preamble, document_id(PARIS), tokens)
     assert tier == "encoded" and by_adder == by_workspace and state_blob.scan(by_adder).seq_id == 0
 
 
@@ -655,17 +646,14 @@ def test_a_document_after_a_stand_in_gets_other_cells_and_the_same_prompt_tokens
     paris, fuji = cache.add_document(PARIS), cache.add_document(FUJI)
     docs = [cache.library.get(paris), cache.library.get(fuji)]
     texts = [d.text for d in docs]
-    library = cache.documents.prompt(QUESTION, texts, before=cache.documents.before(docs))
-    alone = cache.documents.prompt(QUESTION, texts)
+    library = cache.engine.documents.prompt(QUESTION, texts, before=cache.engine.documents.before(docs))
+    alone = cache.engine.documents.prompt(QUESTION, texts)
     assert library.tokens == alone.tokens and library.documents[0].after == ()
     assert library.documents[1].after == document_tokens(PARIS, cache.model)  # fuji was added after paris
     logits = []
-    for prompt in (library, alone):
-        work = DocumentWork(prompt, cache.documents.encoder, True)
-        work.prepare()
-        work.prefill(0)
-        logits.append(cache.prompts.logits())
-        cache.prompts.seq_rm(0)
+    for encoding in ("library", "preamble"):
+        with cache.prefilled_ask(QUESTION, documents=[paris, fuji], encoding=encoding) as prefilled:
+            logits.append(prefilled.logits())
     assert not np.array_equal(*logits)
 
 

@@ -49,11 +49,11 @@ def test_module_only_prompt_matches_the_full_prefill(make_cache):
     fresh.load_schema(PLAIN_SCHEMA, encode=False)
     tokens = list(fresh.plan(prompt).tokens)
     n = len(tokens)
-    fresh.ctx.decode(tokens, range(n), PROMPT_SEQ, logits_last=False)
-    fresh.ctx.seq_rm(PROMPT_SEQ, n - 1, n)
-    fresh.ctx.decode(tokens[-1:], [n - 1], PROMPT_SEQ)
-    assert np.abs(cached - fresh.ctx.logits()).max() == 0.0
-    fresh.ctx.seq_rm(PROMPT_SEQ)
+    fresh.engine.ctx.decode(tokens, range(n), PROMPT_SEQ, logits_last=False)
+    fresh.engine.ctx.seq_rm(PROMPT_SEQ, n - 1, n)
+    fresh.engine.ctx.decode(tokens[-1:], [n - 1], PROMPT_SEQ)
+    assert np.abs(cached - fresh.engine.ctx.logits()).max() == 0.0
+    fresh.engine.ctx.seq_rm(PROMPT_SEQ)
     assert cached.argmax() == prefill_logits(fresh, PLAIN_SCHEMA, prompt, use_cache=False).argmax()
 
 

@@ -60,10 +60,10 @@ def test_layer_values_read_every_cell_through_the_sliding_window():
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
         cache.load_schema(SCHEMA)
         plan = cache.plan(PROMPT)
-        cache.ctx.decode(plan.tokens, range(len(plan.tokens)), PROMPT_SEQ)  # a full prefill in the library context
-        saved = state_blob.layer_kv(cache.ctx.state_get(PROMPT_SEQ), 1, section=1)
-        pos, k, v = layer_values(cache.ctx, PROMPT_SEQ, (1, 1), cache.roles.scratch)
-        cache.ctx.seq_rm(PROMPT_SEQ)
+        cache.engine.ctx.decode(plan.tokens, range(len(plan.tokens)), PROMPT_SEQ)  # a full prefill in the library context
+        saved = state_blob.layer_kv(cache.engine.ctx.state_get(PROMPT_SEQ), 1, section=1)
+        pos, k, v = layer_values(cache.engine.ctx, PROMPT_SEQ, (1, 1), cache.engine.roles.scratch)
+        cache.engine.ctx.seq_rm(PROMPT_SEQ)
     assert len(saved[0]) <= cache.model.info.n_swa < plan.end  # the state alone leaves the older cells out
     assert sorted(pos.tolist()) == list(range(plan.end))
     rows = {p: i for i, p in enumerate(pos.tolist())}
@@ -92,7 +92,7 @@ def all_cells(cache, seq: int) -> list[int]:
     """Returns the positions of `seq`'s cells in the first sliding-window layer, read window by window."""
     from pc_cpu.engine.probe import layer_values
 
-    return sorted(layer_values(cache.ctx, seq, (1, 0), cache.roles.scratch)[0].tolist())
+    return sorted(layer_values(cache.engine.ctx, seq, (1, 0), cache.engine.roles.scratch)[0].tolist())
 
 
 def test_library_cells_survive_encoding_in_the_sliding_window_cache():
@@ -100,8 +100,8 @@ def test_library_cells_survive_encoding_in_the_sliding_window_cache():
     # sequence's end, and purges the earlier positions; the pin sequence keeps every library cell shared.
     with gemma() as cache:
         cache.load_schema(MANY)
-        library = cache.modules.sequence_of(cache.layout("lamps"), "d0")
-        assert cache.ctx.seq_pos_max(library) > cache.model.info.n_swa  # the library spans more than a window
+        library = cache.engine.modules.sequence_of(cache.layout("lamps"), "d0")
+        assert cache.engine.ctx.seq_pos_max(library) > cache.model.info.n_swa  # the library spans more than a window
         assert all_cells(cache, library) == list(range(cache.layout("lamps").length))
 
 
@@ -140,15 +140,15 @@ def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(t
         first.load_schema(LONG)
         module = first.layout("long").modules["doc"]
         assert module.end - module.start > first.model.info.n_swa
-        library = first.modules.sequence_of(first.layout("long"), "doc")
-        encoded = layer_values(first.ctx, library, (1, 0), first.roles.scratch)
+        library = first.engine.modules.sequence_of(first.layout("long"), "doc")
+        encoded = layer_values(first.engine.ctx, library, (1, 0), first.engine.roles.scratch)
         (entry,) = [first.store.tiers[0].get(key) for key in first.store.tiers[0].keys() if key.label == "long/doc"]
         assert len(parts.unpack(entry.payload)) > 2
     with gemma(store=tmp_path) as second:
         second.load_schema(LONG)
         assert second.modules_encoded == 0
-        library = second.modules.sequence_of(second.layout("long"), "doc")
-        restored = layer_values(second.ctx, library, (1, 0), second.roles.scratch)
+        library = second.engine.modules.sequence_of(second.layout("long"), "doc")
+        restored = layer_values(second.engine.ctx, library, (1, 0), second.engine.roles.scratch)
     assert sorted(restored[0].tolist()) == list(range(module.end))  # the preamble's cells and every one of doc's
     order = [np.argsort(column[0]) for column in (encoded, restored)]
     for e, r in zip(encoded, restored):
@@ -161,10 +161,10 @@ def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, cap
     with gemma(store=tmp_path) as first:
         first.load_schema(LONG)
         module = first.layout("long").modules["doc"]
-        library = first.modules.sequence_of(first.layout("long"), "doc")
-        first.ctx.seq_cp(library, first.roles.scratch, module.start, module.end)
-        whole = first.ctx.state_get(first.roles.scratch)  # how pc_cpu saved it before: llama.cpp drops old cells
-        first.ctx.seq_rm(first.roles.scratch)
+        library = first.engine.modules.sequence_of(first.layout("long"), "doc")
+        first.engine.ctx.seq_cp(library, first.engine.roles.scratch, module.start, module.end)
+        whole = first.engine.ctx.state_get(first.engine.roles.scratch)  # how pc_cpu saved it before: llama.cpp drops old cells
+        first.engine.ctx.seq_rm(first.engine.roles.scratch)
         for tier in first.store.tiers:
             for key in [k for k in tier.keys() if k.label == "long/doc"]:
                 old = tier.get(key)
@@ -190,15 +190,15 @@ def test_a_module_longer_than_the_window_is_computed_at_home_moved_and_kept_whol
         first.load_schema(MOVED)
         layout = first.layout("moved")
         doc = layout.modules["doc"]
-        assert first.modules.shift_of(layout, "doc") > 0 and doc.end - doc.start > first.model.info.n_swa
-        library = first.modules.sequence_of(layout, "doc")
+        assert first.engine.modules.shift_of(layout, "doc") > 0 and doc.end - doc.start > first.model.info.n_swa
+        library = first.engine.modules.sequence_of(layout, "doc")
         assert set(range(doc.start, doc.end)) <= set(all_cells(first, library))  # every cell, at its place
     with gemma(store=tmp_path) as warm:
         warm.load_schema(LONGER_INTRO)  # doc moves: its stored home cells serve, moved to the new place
         assert warm.modules_encoded == 1  # intro only
         layout = warm.layout("moved")
         doc = layout.modules["doc"]
-        library = warm.modules.sequence_of(layout, "doc")
+        library = warm.engine.modules.sequence_of(layout, "doc")
         assert set(range(doc.start, doc.end)) <= set(all_cells(warm, library))
         moved = warm.generate(ASK_KEEPER, max_tokens=6)
         baseline = warm.generate(ASK_KEEPER, max_tokens=6, use_cache=False)
@@ -211,6 +211,6 @@ def test_a_module_longer_than_the_window_is_computed_at_home_moved_and_kept_whol
 
 def test_a_module_longer_than_the_window_is_computed_at_home_with_few_sequences():
     with gemma(n_seq_max=8, parallel=4) as cache:  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
-        assert cache.roles.hold == 7
+        assert cache.engine.roles.hold == 7
         cache.load_schema(MOVED)
         assert "Ada" in cache.generate(ASK_KEEPER, max_tokens=6).text

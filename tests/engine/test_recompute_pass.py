@@ -53,7 +53,7 @@ def bit_exact(cache) -> bool:
     another order (recompute_pass module docstring). K-quant kernels round by batch shape
     (tests/conftest.py batched_prefill_logits).
     """
-    return is_tiny(cache) and cache.ctx.config.flash_attn is not False
+    return is_tiny(cache) and cache.engine.ctx.config.flash_attn is not False
 
 
 def close_to(cache, got: np.ndarray, want: np.ndarray) -> bool:
@@ -75,13 +75,13 @@ FLASH = ["default", pytest.param("on", marks=pytest.mark.tiny_only)]
 def flash_cache(make_cache, tmp_path, flash: str):
     """Returns a cache with a store, flash attention on when `flash` says so, else pc_cpu's default."""
     cache = make_cache(store=tmp_path / "store", **({"flash_attn": True} if flash == "on" else {}))
-    assert cache.ctx.config.flash_attn is (True if flash == "on" else default_flash_attn(cache.model.info))
+    assert cache.engine.ctx.config.flash_attn is (True if flash == "on" else default_flash_attn(cache.model.info))
     return cache
 
 
 def build(cache, ids, policy, *, library=True, budget=None):
     """Returns the prompt, its last logits and its cells (one-stream blob), built in prompt stream 0."""
-    enc = cache.documents.encoder
+    enc = cache.engine.documents.encoder
     room = enc.library
     if not library:
         enc.library = None
@@ -92,9 +92,9 @@ def build(cache, ids, policy, *, library=True, budget=None):
         work = DocumentWork(prompt, enc, True)
         work.prepare()
         work.prefill(0)
-        logits = cache.prompts.logits()
-        blob = ops.restream(cache.prompts.state_get(0), 1)
-        cache.prompts.seq_rm(0)
+        logits = cache.engine.prompts.logits()
+        blob = ops.restream(cache.engine.prompts.state_get(0), 1)
+        cache.engine.prompts.seq_rm(0)
     finally:
         enc.library = room
     return prompt, logits, blob
@@ -115,17 +115,17 @@ def each_run_alone(cache, prompt, plain, layer) -> dict[int, np.ndarray]:
     """Returns the K rows of every run computed alone after the cached cells before it (from `plain`), in stream 0."""
     out = {}
     for start, end in prompt.recomputed:
-        cache.prompts.state_set(0, ops.restream(plain, cache.prompts.n_stream))
-        cache.prompts.seq_rm(0, start, -1)
-        cache.prompts.decode(prompt.tokens[start:end], range(start, end), 0, logits_last=False)
-        k = keys(ops.restream(cache.prompts.state_get(0), 1), layer)
+        cache.engine.prompts.state_set(0, ops.restream(plain, cache.engine.prompts.n_stream))
+        cache.engine.prompts.seq_rm(0, start, -1)
+        cache.engine.prompts.decode(prompt.tokens[start:end], range(start, end), 0, logits_last=False)
+        k = keys(ops.restream(cache.engine.prompts.state_get(0), 1), layer)
         out.update({p: k[p] for p in range(start, end)})
-        cache.prompts.seq_rm(0)
+        cache.engine.prompts.seq_rm(0)
     return out
 
 
 def library_empty(cache) -> bool:
-    return all(cache.ctx.seq_pos_max(seq) < 0 for seq in range(cache.ctx.n_seq_max))
+    return all(cache.engine.ctx.seq_pos_max(seq) < 0 for seq in range(cache.engine.ctx.n_seq_max))
 
 
 def count_calls(monkeypatch, obj, name) -> list:
@@ -163,10 +163,10 @@ def test_each_run_is_computed_after_the_cached_cells_before_it(make_cache, tmp_p
 
 def test_all_runs_go_in_one_decode_and_nothing_is_read_back_per_run(cache, monkeypatch):
     ids = [cache.add_document(text) for text in TEXTS]
-    library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
-    prompt_decodes = count_calls(monkeypatch, cache.prompts, "decode")
-    reads = count_calls(monkeypatch, cache.prompts, "state_get")
-    together = cache.documents.encoder.library.together  # 1 on a sliding-window model (LibraryRoom)
+    library_decodes = count_calls(monkeypatch, cache.engine.ctx, "_decode_chunk")
+    prompt_decodes = count_calls(monkeypatch, cache.engine.prompts, "decode")
+    reads = count_calls(monkeypatch, cache.engine.prompts, "state_get")
+    together = cache.engine.documents.encoder.library.together  # 1 on a sliding-window model (LibraryRoom)
     prompt, _, _ = build(cache, ids, "head:3")
     assert len(prompt.recomputed) == 4 and len(library_decodes) == (4 if together == 1 else 1)
     assert [len(tokens) for _, tokens, *_ in prompt_decodes] == [len(prompt.tail)]  # the question, nothing else
@@ -183,26 +183,26 @@ def test_a_single_run_is_computed_in_the_prompt_stream_as_before(make_cache, tmp
     # directly, gives the same cells (bit for bit where bit_exact says so).
     cache = flash_cache(make_cache, tmp_path, flash)
     ids = [cache.add_document(text) for text in (FUJI, PARIS)]
-    library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
+    library_decodes = count_calls(monkeypatch, cache.engine.ctx, "_decode_chunk")
     prompt, logits, stream_path = build(cache, ids, "head:3")
     assert len(prompt.recomputed) == 1 and not library_decodes
     _, _, plain = build(cache, ids, "0")
-    enc = cache.documents.encoder
+    enc = cache.engine.documents.encoder
     cached = ops.restore_blob([ops.restream(plain, 1)], 1)
     assert recompute_in_library(enc.library, cached, prompt.recomputed, prompt.tokens[:prompt.tail_start],
-                                cache.prompts, 0)
+                                cache.engine.prompts, 0)
     assert len(library_decodes) == 1
-    cache.prompts.seq_rm(0, prompt.tail_start, -1)
-    cache.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
-    one_pass = ops.restream(cache.prompts.state_get(0), 1)
+    cache.engine.prompts.seq_rm(0, prompt.tail_start, -1)
+    cache.engine.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    one_pass = ops.restream(cache.engine.prompts.state_get(0), 1)
     if bit_exact(cache):
-        assert one_pass == stream_path and np.array_equal(cache.prompts.logits(), logits)
+        assert one_pass == stream_path and np.array_equal(cache.engine.prompts.logits(), logits)
     else:
-        assert np.argmax(cache.prompts.logits()) == np.argmax(logits)
+        assert np.argmax(cache.engine.prompts.logits()) == np.argmax(logits)
         layer = last_layer(one_pass)
         got_k, want_k = keys(one_pass, layer), keys(stream_path, layer)
         assert all(close_to(cache, got_k[p], want_k[p]) for p in want_k)
-    cache.prompts.seq_rm(0)
+    cache.engine.prompts.seq_rm(0)
     assert library_empty(cache)
 
 
@@ -240,15 +240,15 @@ def test_a_failure_mid_way_leaves_no_cells_behind(cache, monkeypatch, where):
     prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy("head:3"))
     with monkeypatch.context() as patch:
         if where == "decode":
-            patch.setattr(cache.ctx, "decode", _fail_in_decode(cache.ctx))
+            patch.setattr(cache.engine.ctx, "decode", _fail_in_decode(cache.engine.ctx))
         else:
             patch.setattr(recompute_pass, "move_to_stream", _fail_in_move)
-        work = DocumentWork(prompt, cache.documents.encoder, True)
+        work = DocumentWork(prompt, cache.engine.documents.encoder, True)
         work.prepare()
         with pytest.raises(RuntimeError, match="injected"):
             work.prefill(0)
     assert library_empty(cache)
-    assert cache.prompts.seq_pos_max(0) < 0 and cache.prompts.seq_pos_max(cache.roles.workspace) < 0
+    assert cache.engine.prompts.seq_pos_max(0) < 0 and cache.engine.prompts.seq_pos_max(cache.engine.roles.workspace) < 0
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="head:3", **APART)
     assert result.token_ids and library_empty(cache)
 
@@ -257,32 +257,32 @@ def test_a_failure_mid_way_leaves_no_cells_behind(cache, monkeypatch, where):
 def test_without_a_sequence_or_room_the_runs_are_computed_in_the_stream(cache, monkeypatch, why):
     ids = [cache.add_document(text) for text in TEXTS]
     _, stream_logits, stream_cells = build(cache, ids, "head:3", library=False)
-    enc = cache.documents.encoder
+    enc = cache.engine.documents.encoder
     if why == "no idle sequence":
         monkeypatch.setattr(enc, "library", replace(enc.library, idle=lambda: []))
     else:
         def full(seq, data):
             raise EngineError("llama.cpp could not restore: the context has no free cells")
-        monkeypatch.setattr(cache.ctx, "state_set", full)
-    library_decodes = count_calls(monkeypatch, cache.ctx, "_decode_chunk")
+        monkeypatch.setattr(cache.engine.ctx, "state_set", full)
+    library_decodes = count_calls(monkeypatch, cache.engine.ctx, "_decode_chunk")
     _, logits, cells = build(cache, ids, "head:3")
     assert not library_decodes and cells == stream_cells and np.array_equal(logits, stream_logits)
     assert library_empty(cache)
 
 
 def test_busy_or_invalid_sequences_are_never_borrowed(cache):
-    ctx = cache.ctx
-    busy = cache.roles.libraries[0]
+    ctx = cache.engine.ctx
+    busy = cache.engine.roles.libraries[0]
     ctx.decode([1, 2, 3], range(3), busy, logits_last=False)  # cells someone holds
     try:
-        room = LibraryRoom(ctx, cache.roles.slots, lambda: [busy, -1, ctx.n_seq_max, 0, 7, 7, 8])
+        room = LibraryRoom(ctx, cache.engine.roles.slots, lambda: [busy, -1, ctx.n_seq_max, 0, 7, 7, 8])
         assert room.borrow(0) == [7, 8]
     finally:
         ctx.seq_rm(busy)
     with pytest.raises(EngineError, match="staging"):
-        recompute_in_library(room, b"", [(1, 2)], [1, 2, 3], cache.prompts, cache.roles.workspace)
+        recompute_in_library(room, b"", [(1, 2)], [1, 2, 3], cache.engine.prompts, cache.engine.roles.workspace)
     with pytest.raises(EngineError, match="sorted"):
-        recompute_in_library(room, b"", [(2, 3), (1, 2)], [1, 2, 3], cache.prompts, 0)
+        recompute_in_library(room, b"", [(2, 3), (1, 2)], [1, 2, 3], cache.engine.prompts, 0)
     assert groups([(1, 2), (3, 4), (5, 6)], 2) == [[(1, 2), (3, 4)], [(5, 6)]]
 
 
@@ -293,11 +293,11 @@ PROMPT = '<prompt schema="s"><a/><b/><user>When does the ferry leave?</user></pr
 
 def test_resident_modules_keep_their_cells(cache):
     before = prefill_logits(cache, SCHEMA, PROMPT, use_cache=True)
-    resident = [(seq, cache.ctx.seq_pos_min(seq), cache.ctx.seq_pos_max(seq)) for seq in range(cache.ctx.n_seq_max)]
+    resident = [(seq, cache.engine.ctx.seq_pos_min(seq), cache.engine.ctx.seq_pos_max(seq)) for seq in range(cache.engine.ctx.n_seq_max)]
     assert any(hi >= 0 for _, _, hi in resident)
     ids = [cache.add_document(text) for text in TEXTS]
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="head:3", **APART)
     assert result.token_ids
-    assert [(seq, cache.ctx.seq_pos_min(seq), cache.ctx.seq_pos_max(seq))
-            for seq in range(cache.ctx.n_seq_max)] == resident
+    assert [(seq, cache.engine.ctx.seq_pos_min(seq), cache.engine.ctx.seq_pos_max(seq))
+            for seq in range(cache.engine.ctx.n_seq_max)] == resident
     assert np.array_equal(prefill_logits(cache, SCHEMA, PROMPT, use_cache=True), before)

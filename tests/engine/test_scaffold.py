@@ -99,11 +99,11 @@ def test_scaffold_cells_are_kept_apart_from_the_members(make_cache):
     cache = make_cache()
     cache.load_schema(ADJACENT)
     layout = cache.layout("s")
-    own = cache.modules.sequence_of(cache.layout("s"), "a")
-    joint = cache.modules.sequence_of(cache.layout("s"), scaffold_key("both"))
+    own = cache.engine.modules.sequence_of(cache.layout("s"), "a")
+    joint = cache.engine.modules.sequence_of(cache.layout("s"), scaffold_key("both"))
     assert own is not None and joint is not None and own != joint
     a, b = layout.modules["a"], layout.modules["b"]
-    assert cell_positions(cache.ctx, joint, layout.length, cache.roles.hold) == list(range(a.start, b.end))
+    assert cell_positions(cache.engine.ctx, joint, layout.length, cache.engine.roles.hold) == list(range(a.start, b.end))
     assert cache.resident_cells == layout.cached_cells + (b.end - a.start)
 
 
@@ -153,8 +153,8 @@ def test_moved_cells_are_re_rotated_before_anyone_reads_them(make_cache):
     cache = make_cache()
     cache.load_schema(GAPPED)
     b = cache.layout("g").modules["b"]
-    joint = layer0_keys(cache.ctx.state_get(cache.modules.sequence_of(cache.layout("g"), scaffold_key("both"))))
-    own = layer0_keys(cache.ctx.state_get(cache.modules.sequence_of(cache.layout("g"), "b")))
+    joint = layer0_keys(cache.engine.ctx.state_get(cache.engine.modules.sequence_of(cache.layout("g"), scaffold_key("both"))))
+    own = layer0_keys(cache.engine.ctx.state_get(cache.engine.modules.sequence_of(cache.layout("g"), "b")))
     moved = np.stack([joint[p] for p in range(b.start, b.end)])
     direct = np.stack([own[p] for p in range(b.start, b.end)])
     assert np.abs(moved - direct).max() < 0.02 * np.abs(direct).max()
@@ -211,9 +211,9 @@ def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
     cache = make_cache()
     cache.load_schema(GAPPED)
     layout = cache.layout("g")
-    resident = cache.modules.resident
+    resident = cache.engine.modules.resident
     held = sorted(p for key in resident.keys() for a, b in resident.intervals(key) for p in range(a, b))
-    pinned = ops.section_positions(cache.ctx.state_get(cache.roles.pin))[0]
-    scaffold = resident.intervals(cache.modules.key_of(layout, scaffold_key("both")))
+    pinned = ops.section_positions(cache.engine.ctx.state_get(cache.engine.roles.pin))[0]
+    scaffold = resident.intervals(cache.engine.modules.key_of(layout, scaffold_key("both")))
     assert len(scaffold) == 2 and scaffold[0][1] < scaffold[1][0] < layout.length  # a gap: b's run was moved
     assert sorted(pinned.tolist()) == held  # members and scaffold alike, so some positions twice

@@ -88,7 +88,7 @@ def test_state_read_into_the_reused_buffer_is_the_state(make_cache):
     # move_to_stream reads a prompt's state into a buffer the context keeps; the bytes must be
     # exactly state_get's, followed by the zeroed room asked for, call after call.
     cache = make_cache(store=False)
-    ctx = cache.ctx
+    ctx = cache.engine.ctx
     tokens = cache.model.tokenize("One two three four five six seven. " * 8, special=False)
     ctx.decode(tokens, range(len(tokens)), 0, logits_last=False)
     short = cache.model.tokenize("Eight nine.", special=False)

@@ -44,7 +44,7 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     flash.load_schema(SCHEMA)
     assert set(flash.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}
     plain = make_cache(store=store_dir, flash_attn=False)  # V transposed: llama.cpp will not restore flash cells into it
-    assert plain.ctx.cells_id != flash.ctx.cells_id == flash.model.info.fingerprint  # older entries keep their key
+    assert plain.engine.ctx.cells_id != flash.engine.ctx.cells_id == flash.model.info.fingerprint  # older entries keep their key
     assert flash.flash_attn and not plain.flash_attn
     plain.load_schema(SCHEMA)
     assert plain.modules_encoded == flash.modules_encoded > 0  # not served the other layout's cells: its own
@@ -57,7 +57,7 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     again.load_schema(SCHEMA, encode=False)
     assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.modules_encoded == 0
     default = make_cache(store=store_dir)  # off, except on sliding-window models (default_flash_attn)
-    assert default.ctx.cells_id == (flash if default.model.info.n_swa else plain).ctx.cells_id
+    assert default.engine.ctx.cells_id == (flash if default.model.info.n_swa else plain).engine.ctx.cells_id
     default.load_schema(SCHEMA, encode=False)
     assert set(default.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and default.modules_encoded == 0
 
@@ -158,9 +158,9 @@ def pinned_cells(cache) -> int:
     """Returns how many cells the pin sequence holds (every resident cell, and nothing else)."""
     from pc_cpu.kvstate import state_blob
 
-    if cache.ctx.seq_pos_max(cache.roles.pin) < 0:
+    if cache.engine.ctx.seq_pos_max(cache.engine.roles.pin) < 0:
         return 0
-    return state_blob.scan(cache.ctx.state_get(cache.roles.pin)).n_cell
+    return state_blob.scan(cache.engine.ctx.state_get(cache.engine.roles.pin)).n_cell
 
 
 def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_cache):

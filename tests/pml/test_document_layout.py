@@ -6,6 +6,7 @@ import pytest
 
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.pml.document_layout import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, check_encoding, check_question, document_id,
+                                  document_segment,
                                   layout_documents, order_documents, preamble_tokens, stand_in_places, stand_ins)
 from tests.fake_tokenizer import WordTokenizer
 from tests.pml.conftest import CHATML_MARKUP, utf8_refusal
@@ -76,3 +77,10 @@ def test_an_unknown_encoding_names_the_ones_there_are():
     assert check_encoding("library") == "library"
     with pytest.raises(DocumentError, match="library, preamble"):
         check_encoding("chain")
+
+
+def test_a_document_segment_is_computed_at_its_home_right_after_its_context():
+    segment = document_segment((1, 2, 3), (7, 8), "document doc-x")
+
+    assert (segment.start, segment.end, segment.first_position, segment.context) == (3, 5, 0, (1, 2, 3))
+    assert document_segment((), (1, 2, 3), "document preamble").runs[0].start == 0  # a preamble is its own home
