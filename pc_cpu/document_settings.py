@@ -93,8 +93,8 @@ TABLE: dict[str, ModelDocuments] = {
     #     (30 pairs) --n 60 at commit bb69b0f: -3.3 [-15.0, +8.3] at 18.8x, relevant:1 -5.0 [-16.7, +6.7])
     # With flash attention off (the default since 2026-12-05; forced off on the code of cfbea9d), the NQ
     #     command above with --encoding library --block 25: -2.0 [-6.3, +2.3] at 25.6x, relevant:1 +0.3
-    #     [-3.3, +4.0] at 4.7x (full prefill 55.3%); KV (214 of 250 items): -10.3 [-15.4, -5.1] at 7.9x,
-    #     relevant:1 +1.9 [-1.9, +5.6] at 3.4x. The figures below are the default's.
+    #     [-3.3, +4.0] at 4.7x (full prefill 55.3%); KV (n = 250): -9.2 [-14.0, -4.4] at 7.9x,
+    #     relevant:1 +2.8 [-0.8, +6.4] at 3.4x. The figures below are the default's.
     "qwen2.5-coder-0.5b": ModelDocuments(
         fast=DocumentSetting("0", vs_full_pts=-2.0, interval=(-6.3, 2.3), speedup=25.6, n=300),
         # pc-cpu bench documents accuracy --model qwen2.5-coder-0.5b --threads 1 --n 100 --split odd --task nq
