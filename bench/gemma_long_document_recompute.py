@@ -17,9 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' prompt helpers, run from anywhere
 from pc_cpu import PromptCache
-from pc_cpu.pml.layout import Run
-from pc_cpu.pml.segment import Segment
-from pc_cpu.pml.document_layout import preamble_tokens, document_tokens
+from pc_cpu.pml.document_layout import document_segment, document_tokens, preamble_tokens
 from pc_cpu.kvstate import state_blob, parts
 from pc_cpu.store.entry import Entry
 from tests.engine.test_documents import cached_logits, prefill_logits, _prompt
@@ -38,9 +36,9 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
     prompt = _prompt(pc, QUESTION, docs)
     full = prefill_logits(pc, list(prompt.tokens), [])
     partial = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in ("0", "tail:64", "10%", "tail:256", "all")}
-    stored, _ = pc.engine.documents.encoder.document_blob(pre, long, tokens)
+    stored = pc.document_cells(long)
     home = len(pre)
-    blobs = pc.engine.modules.encoder.compute_apart(Segment("long", (Run(home, tokens),), pre))
+    blobs = pc.engine.modules.encoder.compute_apart(document_segment(pre, tokens, "long"))
     whole = bytes(state_blob.splice(blobs))
     out["cells_stored_vs_whole"] = [state_blob.section_cells(stored), state_blob.section_cells(whole)]
     # the cells both hold must agree (same batches), so the difference is only the missing ones

@@ -413,20 +413,27 @@ class PromptCache:
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream_ask")
-        recompute, order, prefix, encoding = self._document_setting(setting, options.recompute, order, prefix,
-                                                                     encoding)
         sampling = _sampling(options)
+        work = self._document_work(question, documents, system=system, order=order, setting=setting,
+                                   recompute=options.recompute, prefix=prefix, encoding=encoding,
+                                   use_cache=options.use_cache)
+        return self._submit(work, sampling, options, t0)
+
+    def _document_work(self, question: str, documents: Sequence[str], *, system: str | None, order: str | None,
+                       setting: str | None, recompute, prefix: str | None, encoding: str | None,
+                       use_cache: bool) -> DocumentWork:
+        """Returns the question over `documents` as `ask` runs it, its arguments checked (see `ask`)."""
+        recompute, order, prefix, encoding = self._document_setting(setting, recompute, order, prefix, encoding)
         policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
         check_prefix(prefix)  # likewise
         check_encoding(encoding)
         with self._lock:  # as every library read of the façade; tokenizing needs no lock and waits for no step
             docs = self._documents.resolve(documents)
             before = self._documents.before(docs) if encoding == "library" else None
-            if policy.select and options.use_cache:
+            if policy.select and use_cache:
                 self._blender.get()  # loads the probe here, so that a failure is the caller's
-        work = self._documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
-                                   use_cache=options.use_cache, prefix=prefix, before=before)
-        return self._submit(work, sampling, options, t0)
+        return self._documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
+                                    use_cache=use_cache, prefix=prefix, before=before)
 
     def chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
              documents: Sequence[str] | None = None, after_edit: str = "recompute", **overrides) -> Result:
@@ -649,19 +656,13 @@ class PromptCache:
         the path a new combination takes), and a stored exact prefix is used only if asked for.
         For tests and tools, while nothing else runs: `with cache.prefilled_ask(q, documents=ids) as p: p.logits()`.
         """
-        recompute, order, prefix, encoding = self._document_setting(None, recompute, order, prefix, encoding)
-        policy = check_document_policy(parse_policy(recompute))
-        check_prefix(prefix)
-        check_encoding(encoding)
+        work = self._document_work(question, documents, system=system, order=order, setting=None,
+                                   recompute=recompute, prefix=prefix, encoding=encoding, use_cache=use_cache)
         with self._lock:
             self._scheduler.drop_held()  # stream PROMPT_SEQ is about to be overwritten
-            docs = self._documents.resolve(documents)
-            before = self._documents.before(docs) if encoding == "library" else None
-            work = self._documents.work(question, docs, names=documents, system=system, order=order, policy=policy,
-                                        use_cache=use_cache, prefix=prefix, before=before)
             work.prepare()
             end = work.prefill(PROMPT_SEQ)
-            selected = self._documents.encoder.last_selected if policy.select and use_cache else ()
+            selected = self._documents.encoder.last_selected if work.prompt.select else ()
         return PrefilledPrompt(end, self._prompts, self._lock, selected=selected)
 
     def document_cells(self, document: str, *, system: str | None = None) -> bytes:
