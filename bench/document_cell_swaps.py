@@ -37,6 +37,7 @@ import numpy as np
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.document_accuracy import questions
+from pc_cpu.benchmarks.documents import correct
 from pc_cpu.engine.document_cells import SavedCells
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.state_blob import graft_cells, layer_kv, section_layers
@@ -109,6 +110,8 @@ class Item:
         if kind in ("others-before", "all-before"):
             return self._after_standin("".join(d + "\n\n" for d in self.neighbour.documents[:int(arg)]),
                                        first_too=kind == "all-before")
+        if kind == "place-before":
+            return self._after_standin_by_place()
         if kind == "nq-before":
             passages = questions("nq", "odd", 1, 5)[0].documents
             return self._after_standin("".join(d + "\n\n" for d in passages[:int(arg)]))
@@ -148,6 +151,25 @@ class Item:
             blobs.append(self.enc.move(SavedCells(cells, doc.start - p.home - len(standin)), self.slot))
         return self._joined(blobs)
 
+    def _after_standin_by_place(self) -> bytearray:
+        """Returns the cells with document k (k = 2..5) computed after k - 1 documents of another question."""
+        ctx, ws, p = self.ctx, self.workspace, self.prompt
+        blobs = [self.pieces[0].blob, self.pieces[1].blob]
+        for place, doc in enumerate(p.documents[1:], start=1):
+            text = "".join(d + "\n\n" for d in self.neighbour.documents[:place])
+            standin = tuple(self.pc.model.tokenize(text, special=False))
+            ctx.seq_rm(ws)
+            try:
+                ctx.state_set(ws, ops.restream(self.pieces[0].blob, ctx.n_stream))
+                tokens = standin + doc.tokens
+                ctx.decode(tokens, range(p.home, p.home + len(tokens)), ws, logits_last=False)
+                ctx.seq_rm(ws, 0, p.home + len(standin))
+                cells = bytes(ops.restream(ctx.state_get(ws), 1))
+            finally:
+                ctx.seq_rm(ws)
+            blobs.append(self.enc.move(SavedCells(cells, doc.start - p.home - len(standin)), self.slot))
+        return self._joined(blobs)
+
     def score(self, cells: bytearray, answer: tuple[int, ...]) -> float:
         """Returns the answer's summed log-probability after `cells` and the tail (teacher forcing)."""
         ctx, p = self.ctx, self.prompt
@@ -164,6 +186,25 @@ class Item:
         finally:
             ctx.seq_rm(self.slot)
         return logprob
+
+    def answers(self, cells: bytearray, gold: list[str], n_tokens: int = 48) -> bool:
+        """Returns whether a greedy answer after `cells` and the tail holds `gold` (the accuracy runs' check)."""
+        ctx, p, model = self.ctx, self.prompt, self.pc.model
+        end = p.tail_start + len(p.tail)
+        ctx.seq_rm(self.slot)
+        out: list[int] = []
+        try:
+            ctx.state_set(self.slot, ops.restream(cells, ctx.n_stream))
+            ctx.decode(list(p.tail), range(p.tail_start, end), self.slot)
+            for i in range(n_tokens):
+                token = int(np.argmax(ctx.logits(-1)))
+                if model.is_end_of_generation(token):
+                    break
+                out.append(token)
+                ctx.decode([token], [end + i], self.slot)
+        finally:
+            ctx.seq_rm(self.slot)
+        return correct(model.detokenize(out), gold)
 
 
 def deviation(item: Item) -> list[str]:
@@ -189,9 +230,12 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=None)
     parser.add_argument("--deviation", action="store_true",
                         help="Also print, for the first item, how far the cached K is from the exact K by layer and offset.")
+    parser.add_argument("--answers", action="store_true",
+                        help="Also answer greedily after each variant's cells and count the answers that hold the gold one.")
     args = parser.parse_args()
     variants = args.variant or ["exact", "cached"]
     scores: dict[str, list[float]] = {v: [] for v in variants}
+    right: dict[str, list[bool]] = {v: [] for v in variants}
     with PromptCache(args.model, threads=args.threads, n_ctx=4096) as pc:
         asked = questions(args.task, "even", args.n + 1, 5)
         for question, neighbour in zip(asked, asked[1:]):
@@ -202,13 +246,18 @@ def main() -> None:
             gold = question.answers[0] if args.task == "kv" else " " + question.answers[0]
             answer = tuple(pc.model.tokenize(gold, special=False))
             for v in variants:
-                scores[v].append(item.score(item.variant(v), answer))
-            print(question.index, " ".join(f"{v}={scores[v][-1]:.2f}" for v in variants), flush=True)
+                cells = item.variant(v)
+                scores[v].append(item.score(cells, answer))
+                if args.answers:
+                    right[v].append(item.answers(cells, question.answers))
+            print(question.index, " ".join(f"{v}={scores[v][-1]:.2f}" + (f"{'+' if right[v][-1] else '-'}" if args.answers else "")
+                                           for v in variants), flush=True)
     # Not greedy exact match: the answer as the data writes it, which the model may phrase otherwise.
     print("\n| variant | n | gold answer log-prob, mean | median |")
     print("|---|---|---|---|")
     for v in variants:
-        print(f"| `{v}` | {len(scores[v])} | {statistics.mean(scores[v]):.2f} | {statistics.median(scores[v]):.2f} |")
+        print(f"| `{v}` | {len(scores[v])} | {statistics.mean(scores[v]):.2f} | {statistics.median(scores[v]):.2f} |"
+              + (f" {sum(right[v])} right" if args.answers else ""))
 
 
 if __name__ == "__main__":
