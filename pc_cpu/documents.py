@@ -27,8 +27,7 @@ from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.pml.document_layout import (NO_TEXT, DocumentPrompt, check_encoding, check_prefix,
                                   check_question, document_id, document_tokens, has_text, layout_documents,
-                                  order_documents, place_stand_ins, preamble_tokens, stand_ins, tail_tokens,
-                                  with_recompute)
+                                  order_documents, preamble_tokens, stand_ins, tail_tokens, with_recompute)
 from pc_cpu.pml.recompute import RecomputePolicy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
@@ -120,10 +119,9 @@ class Documents:
         The prompt's tokens do not change; only what each document's cells are computed after.
         """
         documents = [(doc.id, doc.tokens) for doc in prompt.documents]
-        chosen = [place_stand_ins(before.get(doc_id, []), place) for place, (doc_id, _) in enumerate(documents)]
-        after = [self.stand_ins([d.text for d in docs], prompt.preamble, tokens)
-                 for docs, (_, tokens) in zip(chosen, documents)]
-        ids = [tuple(d.id for d in docs) for docs in chosen]
+        after = {doc_id: self.stand_ins([d.text for d in before.get(doc_id, [])], prompt.preamble, tokens)
+                 for doc_id, tokens in documents}
+        ids = {doc_id: tuple(d.id for d in before.get(doc_id, [])) for doc_id, _ in documents}
         return layout_documents(prompt.preamble, documents, prompt.tail, after, ids)
 
     def prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
@@ -198,25 +196,21 @@ class Documents:
         """Returns the id of the document, with the tiers that served it, once its encodings are stored and it is registered.
 
         `encoding`: the one the model's questions take by default (pc_cpu.document_settings).
-        "library" computes every encoding a prompt can give the document: after the preamble alone
-        (the first document of a prompt) and after the last k of its stand-ins for each k the
-        library gives it (the document at place k; place_stand_ins), so a question computes
-        none. "preamble" computes the first only; a question asking for encoding="library" then
-        computes the others it needs on first use, and stores them.
+        "library" computes both a prompt can give the document: after the preamble alone (the
+        first document of a prompt) and after its stand-ins (every other place), so a question
+        computes neither. "preamble" computes the first only; a question asking for
+        encoding="library" then computes the other on first use, and stores it.
         `pace(report)` gives the callback the encoder calls after each batch (PromptCache._paced);
         the caller holds the adder's stream and the context lock around this call.
         """
         check_encoding(encoding)
         label = new.name or new.id
         before = self.library.stand_ins([new.id])[new.id]
-        contexts, labels = [new.preamble], [None]
-        if encoding == "library":  # one encoding per count of stand-ins a place can give it (place_stand_ins)
-            for place in range(1, len(before) + 1):
-                docs = place_stand_ins(before, place)
-                after = self.stand_ins([d.text for d in docs], new.preamble, new.tokens)
-                if after:
-                    contexts.append(new.preamble + after)
-                    labels.append(stand_ins_label(d.id for d in docs))
+        after: tuple[int, ...] = ()
+        if encoding == "library":
+            after = self.stand_ins([d.text for d in before], new.preamble, new.tokens)
+        contexts = (new.preamble, new.preamble + after) if after else (new.preamble,)
+        context_label = stand_ins_label(d.id for d in before)
         tracker = ProgressTracker(label, {new.id: len(new.tokens) * len(contexts)}, progress, kind="document")
 
         def report(n: int) -> None:
@@ -225,8 +219,8 @@ class Documents:
 
         preamble: dict[str, Tier] = {}
         tiers = [self.adder.document_blob(context, new.id, new.tokens, on_computed=pace(report),
-                                          served=None if i else preamble, context_label=context_label)[1]
-                 for i, (context, context_label) in enumerate(zip(contexts, labels))]
+                                          served=None if i else preamble, context_label=context_label if i else None)[1]
+                 for i, context in enumerate(contexts)]
         self.library.add(new.id, new.text, new.name, after=[d.id for d in before])
         tier = tiers[0]
         if Tier.ENCODED in tiers:

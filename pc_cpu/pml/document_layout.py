@@ -10,15 +10,13 @@ per preamble, and moved to wherever a prompt places it: documents follow each
 other in the order the caller gives, with no gaps. Position independence is what
 lets a library of any size be encoded once: a document's cells do not depend on
 which documents come before it in a prompt, so asking over any combination or
-order never re-encodes a document. Up to five encodings per document: right after the
+order never re-encodes a document. Two encodings per document: right after the
 preamble (its "home", the first position a document can take), which the first
 document of a prompt uses because the full prefill computes it there; and after
 the preamble and a few stand-ins (the documents the library added before it,
 stand_in_places), which every other place uses, so that its cells are computed as a
 document in a list is, not as the start of the user's message (encoding="library";
-"preamble" uses the home encoding everywhere, as the paper's modules do). A document at
-place k of a prompt (0-based) is computed after k of its stand-ins, as many documents as
-the full prefill computes it after, up to STAND_IN_DOCUMENTS (place_stand_ins).
+"preamble" uses the home encoding everywhere, as the paper's modules do).
 
 Pure Python: the tokenizer and markup are passed in (pc_cpu.pml.tokenizer, roles).
 """
@@ -26,9 +24,7 @@ Pure Python: the tokenizer and markup are passed in (pc_cpu.pml.tokenizer, roles
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.pml.encoding import content_digest
@@ -44,7 +40,6 @@ DOCUMENT_MODE = "document"  # the store's mode for document encodings (beside th
 ENCODINGS = ("library", "preamble")
 STAND_IN_DOCUMENTS = 4  # "library": a document is encoded after at most this many documents added before it
 STAND_IN_TOKENS = 512  # ... and at most this many of their tokens (the last ones)
-T = TypeVar("T")
 SEPARATOR = "\n\n"  # ends every document, so that the next one (or the question) starts a paragraph
 
 
@@ -121,18 +116,6 @@ def stand_in_places(index: int) -> range:
         return range(index)
     group = index - index % STAND_IN_DOCUMENTS
     return range(group - STAND_IN_DOCUMENTS, group)
-
-
-def place_stand_ins(before: Sequence[T], place: int) -> list[T]:
-    """Returns the stand-ins a document at `place` of a prompt (0-based) is encoded after: the last `place` of `before`.
-
-    In a full prefill the document at place k is computed after k documents. On a small model
-    its cells carry that count: the second document of a prompt encoded after four stand-ins,
-    rather than one, lost a quarter of its key-value answers in a screen (bench/RESULTS.md,
-    "One stand-in per document before it"). `before`: its stand-ins (stand_in_places), oldest
-    first; the nearest ones are kept, so that places from STAND_IN_DOCUMENTS on share one encoding.
-    """
-    return list(before[len(before) - min(place, len(before)):]) if place > 0 else []
 
 
 def stand_ins(before: list[tuple[int, ...]], room: int) -> tuple[int, ...]:
@@ -302,18 +285,17 @@ def order_documents(documents: list[tuple[str, tuple[int, ...]]], question: tupl
 
 
 def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],
-                     tail: tuple[int, ...], after: Sequence[tuple[int, ...]] | None = None,
-                     after_ids: Sequence[tuple[str, ...]] | None = None) -> DocumentPrompt:
+                     tail: tuple[int, ...], after: dict[str, tuple[int, ...]] | None = None,
+                     after_ids: dict[str, tuple[str, ...]] | None = None) -> DocumentPrompt:
     """Returns the DocumentPrompt that places `documents` ((id, tokens) pairs) back to back after the preamble.
 
-    `after`: the stand-in tokens (stand_ins) of the document at each place, used by every
-    document but the first; None: each encoded after the preamble alone. `after_ids`: the
-    documents each place's stand-ins came from.
+    `after`: each document's stand-ins (stand_ins) by id, used by every document but the first;
+    None or a missing id: encoded after the preamble alone. `after_ids`: the documents they came from.
     """
     placed, position = [], len(preamble)
     for i, (doc_id, tokens) in enumerate(documents):
-        standing = tuple(after[i]) if after and i else ()
-        ids = tuple(after_ids[i]) if after_ids and standing else ()
+        standing = (after or {}).get(doc_id, ()) if i else ()
+        ids = (after_ids or {}).get(doc_id, ()) if standing else ()
         placed.append(PlacedDocument(doc_id, tokens, position, standing, ids))
         position += len(tokens)
     return DocumentPrompt(preamble, tuple(placed), tail)

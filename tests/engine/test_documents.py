@@ -623,21 +623,6 @@ def test_add_document_prepares_every_place_a_prompt_can_give_the_document(cache_
     assert cache.documents_encoded == encoded
 
 
-def test_a_document_is_encoded_after_one_stand_in_per_document_before_its_place(cache_with_store, monkeypatch):
-    # As the full prefill computes the document at place k after k documents (up to four stand-ins).
-    cache = cache_with_store()
-    _model_encoding(cache, monkeypatch, "library")
-    ids = [cache.add_document(f"Note {i}: room {i} has {i * 3 + 2} chairs.") for i in range(5)]
-    encoded = cache.documents_encoded
-    order = [ids[1], ids[4], ids[3], ids[2]]  # their stand-ins: [], [0..3], [0..2], [0..1]
-    docs = cache.engine.documents.resolve(order)
-    prompt = cache.engine.documents.prompt(QUESTION, [d.text for d in docs], before=cache.engine.documents.before(docs))
-    assert [d.after_ids for d in prompt.documents] == [(), (ids[3],), (ids[1], ids[2]), (ids[0], ids[1])]
-    assert prompt.documents[1].after == document_tokens(cache.library.get(ids[3]).text, cache.model)
-    result = cache.ask(QUESTION, documents=order, max_tokens=2, prefix="off")
-    assert "encoded" not in result.tiers.values() and cache.documents_encoded == encoded  # add computed them all
-
-
 def test_on_a_model_that_asks_after_the_preamble_add_document_computes_that_encoding_alone(cache_with_store,
                                                                                            monkeypatch):
     # SmolLM2 and Gemma 3 answer best after the preamble alone: a stand-in encoding would triple add's cost for nothing.

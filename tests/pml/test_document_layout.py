@@ -7,8 +7,7 @@ import pytest
 from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.pml.document_layout import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, check_encoding, check_question, document_id,
                                   document_segment,
-                                  layout_documents, order_documents, place_stand_ins, preamble_tokens, stand_in_places,
-                                  stand_ins)
+                                  layout_documents, order_documents, preamble_tokens, stand_in_places, stand_ins)
 from tests.fake_tokenizer import WordTokenizer
 from tests.pml.conftest import CHATML_MARKUP, utf8_refusal
 
@@ -64,17 +63,8 @@ def test_stand_ins_keep_the_last_tokens_that_fit():
     assert stand_ins(before, room=0) == () and stand_ins([], room=100) == ()
 
 
-def test_a_document_is_encoded_after_as_many_stand_ins_as_documents_precede_its_place():
-    before = ["d1", "d2", "d3", "d4"]
-    assert place_stand_ins(before, 0) == []  # the first document: after the preamble alone
-    assert place_stand_ins(before, 1) == ["d4"]  # the nearest stand-ins are kept
-    assert place_stand_ins(before, 3) == ["d2", "d3", "d4"]
-    assert place_stand_ins(before, 4) == before == place_stand_ins(before, 9)  # later places share one encoding
-    assert place_stand_ins(["d1"], 3) == ["d1"]  # an early document has fewer stand-ins to give
-
-
 def test_the_first_document_of_a_prompt_is_encoded_after_the_preamble_alone():
-    after = [(7, 8), (9,)]
+    after = {"a": (7, 8), "b": (9,)}
     prompt = layout_documents((1, 2), [("a", (3, 4)), ("b", (5,))], (6,), after)
     first, second = prompt.documents
     assert first.after == () and first.context(prompt.preamble) == (1, 2)  # where the full prefill computes it
