@@ -24,6 +24,9 @@ Variants:
     others-before:N               documents 2..5 encoded after N documents of another question
                                   (real documents of the same kind, not this prompt's)
     all-before:N                  the same for every document, the first one too
+    place-before                  document k (k = 2..5) encoded after k - 1 documents of another question,
+                                  as many as the full prefill computes it after
+(--answers also answers greedily after each variant's cells, as the accuracy runs do, and counts the right answers.)
     nq-before:N                   documents 2..5 encoded after N NQ passages (another kind of text)
 """
 
