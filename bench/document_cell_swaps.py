@@ -28,6 +28,8 @@ Variants:
                                   as many as the full prefill computes it after
 (--answers also answers greedily after each variant's cells, as the accuracy runs do, and counts the right answers.)
     nq-before:N                   documents 2..5 encoded after N NQ passages (another kind of text)
+    mixed-before:N                each of documents 2..5 after N documents of a question of its own (as
+                                  the library's stand-ins: another group of documents for each)
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def ordered(blob) -> bytearray:
 class Item:
     """One question's two builds of the cells before its tail, and what the variants need of them."""
 
-    def __init__(self, pc: PromptCache, question, neighbour=None):
-        self.neighbour = neighbour  # another question, whose documents stand in for the ones before
+    def __init__(self, pc: PromptCache, question, others=()):
+        self.others = list(others)  # other questions, whose documents stand in for the ones before
+        self.neighbour = self.others[0] if self.others else None
         self.pc, self.ctx, self.enc = pc, pc.engine.prompts, pc.engine.documents.encoder
         self.slot, self.workspace = pc.engine.roles.slots[0], pc.engine.roles.workspace
         self.prompt = pc.engine.documents.prompt(question.question, list(question.documents), system=question.system)
@@ -113,6 +116,9 @@ class Item:
         if kind in ("others-before", "all-before"):
             return self._after_standin("".join(d + "\n\n" for d in self.neighbour.documents[:int(arg)]),
                                        first_too=kind == "all-before")
+        if kind == "mixed-before":
+            return self._after_texts({place: "".join(d + "\n\n" for d in self.others[place].documents[:int(arg)])
+                                      for place in range(1, len(self.prompt.documents))})
         if kind == "place-before":
             return self._after_standin_by_place()
         if kind == "nq-before":
@@ -138,10 +144,15 @@ class Item:
 
     def _after_standin(self, text: str, first_too: bool = False) -> bytearray:
         """Returns the cells with documents 2..5 (or all) computed after the preamble and `text`, then moved into place."""
+        return self._after_texts({place: text for place in range(0 if first_too else 1, len(self.prompt.documents))})
+
+    def _after_texts(self, texts: dict[int, str]) -> bytearray:
+        """Returns the cells with the document at each place of `texts` computed after the preamble and its text, then moved."""
         ctx, ws, p = self.ctx, self.workspace, self.prompt
-        standin = tuple(self.pc.model.tokenize(text, special=False))
-        blobs = [self.pieces[0].blob] if first_too else [self.pieces[0].blob, self.pieces[1].blob]
-        for doc in p.documents[0 if first_too else 1:]:
+        blobs = [self.pieces[0].blob] + [self.pieces[1 + place].blob for place in range(min(texts))]
+        for place in sorted(texts):
+            doc = p.documents[place]
+            standin = tuple(self.pc.model.tokenize(texts[place], special=False))
             ctx.seq_rm(ws)
             try:
                 ctx.state_set(ws, ops.restream(self.pieces[0].blob, ctx.n_stream))
@@ -156,22 +167,8 @@ class Item:
 
     def _after_standin_by_place(self) -> bytearray:
         """Returns the cells with document k (k = 2..5) computed after k - 1 documents of another question."""
-        ctx, ws, p = self.ctx, self.workspace, self.prompt
-        blobs = [self.pieces[0].blob, self.pieces[1].blob]
-        for place, doc in enumerate(p.documents[1:], start=1):
-            text = "".join(d + "\n\n" for d in self.neighbour.documents[:place])
-            standin = tuple(self.pc.model.tokenize(text, special=False))
-            ctx.seq_rm(ws)
-            try:
-                ctx.state_set(ws, ops.restream(self.pieces[0].blob, ctx.n_stream))
-                tokens = standin + doc.tokens
-                ctx.decode(tokens, range(p.home, p.home + len(tokens)), ws, logits_last=False)
-                ctx.seq_rm(ws, 0, p.home + len(standin))
-                cells = bytes(ops.restream(ctx.state_get(ws), 1))
-            finally:
-                ctx.seq_rm(ws)
-            blobs.append(self.enc.move(SavedCells(cells, doc.start - p.home - len(standin)), self.slot))
-        return self._joined(blobs)
+        return self._after_texts({place: "".join(d + "\n\n" for d in self.neighbour.documents[:place])
+                                  for place in range(1, len(self.prompt.documents))})
 
     def score(self, cells: bytearray, answer: tuple[int, ...]) -> float:
         """Returns the answer's summed log-probability after `cells` and the tail (teacher forcing)."""
@@ -190,7 +187,7 @@ class Item:
             ctx.seq_rm(self.slot)
         return logprob
 
-    def answers(self, cells: bytearray, gold: list[str], n_tokens: int = 48) -> bool:
+    def answers(self, cells: bytearray, gold: list[str], n_tokens: int = 128) -> bool:
         """Returns whether a greedy answer after `cells` and the tail holds `gold` (the accuracy runs' check)."""
         ctx, p, model = self.ctx, self.prompt, self.pc.model
         end = p.tail_start + len(p.tail)
@@ -241,8 +238,8 @@ def main() -> None:
     right: dict[str, list[bool]] = {v: [] for v in variants}
     with PromptCache(args.model, threads=args.threads, n_ctx=4096) as pc:
         asked = questions(args.task, "even", args.n + 1, 5)
-        for question, neighbour in zip(asked, asked[1:]):
-            item = Item(pc, question, neighbour)
+        for i, question in enumerate(asked[:args.n]):
+            item = Item(pc, question, [asked[(i + k) % len(asked)] for k in range(1, 6)])
             if args.deviation and not any(scores.values()):
                 print("| layer | K rel. distance, tokens 0-3 of a document | 4-15 | 16-31 | 32- |\n|---|---|---|---|---|")
                 print("\n".join(deviation(item)), flush=True)
