@@ -26,10 +26,10 @@ Variants:
     all-before:N                  the same for every document, the first one too
     place-before                  document k (k = 2..5) encoded after k - 1 documents of another question,
                                   as many as the full prefill computes it after
-(--answers also answers greedily after each variant's cells, as the accuracy runs do, and counts the right answers.)
     nq-before:N                   documents 2..5 encoded after N NQ passages (another kind of text)
     mixed-before:N                each of documents 2..5 after N documents of a question of its own (as
                                   the library's stand-ins: another group of documents for each)
+(--answers also answers greedily after each variant's cells, as the accuracy runs do, and counts the right answers.)
 """
 
 from __future__ import annotations
@@ -253,11 +253,11 @@ def main() -> None:
             print(question.index, " ".join(f"{v}={scores[v][-1]:.2f}" + (f"{'+' if right[v][-1] else '-'}" if args.answers else "")
                                            for v in variants), flush=True)
     # Not greedy exact match: the answer as the data writes it, which the model may phrase otherwise.
-    print("\n| variant | n | gold answer log-prob, mean | median |")
-    print("|---|---|---|---|")
+    print("\n| variant | n | gold answer log-prob, mean | median |" + (" right (greedy) |" if args.answers else ""))
+    print("|---|---|---|---|" + ("---|" if args.answers else ""))
     for v in variants:
         print(f"| `{v}` | {len(scores[v])} | {statistics.mean(scores[v]):.2f} | {statistics.median(scores[v]):.2f} |"
-              + (f" {sum(right[v])} right" if args.answers else ""))
+              + (f" {sum(right[v])} |" if args.answers else ""))
 
 
 if __name__ == "__main__":
