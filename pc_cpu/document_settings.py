@@ -103,7 +103,8 @@ TABLE: dict[str, ModelDocuments] = {
     # pc-cpu bench documents accuracy --model qwen2.5-coder-1.5b --task nq --split odd --n 150 --threads 1
     #     --policy 0 --policy relevant:1 --encoding library --block 25   (full prefill 72.0%; relevant:1
     #     +2.0 [-1.3, +5.3] at 4.4x; measured 2026-12-04/05 at commit 1b901fa;
-    #     KV retrieval, the same command with --task kv: -4.0 [-7.3, -1.3] at 7.0x, relevant:1 +0.0 at 3.1x)
+    #     KV retrieval, the same command with --task kv: -4.0 [-7.3, -1.3] at 7.0x, relevant:1 +0.0 at 3.1x;
+    #     with flash attention off, the default since 2026-12-05: -3.3 [-6.7, -0.7] at 6.9x, relevant:1 +0.0 at 3.0x)
     "qwen2.5-coder-1.5b": ModelDocuments(
         fast=DocumentSetting("0", vs_full_pts=+2.7, interval=(-2.0, 8.0), speedup=21.5, n=150),
         # pc-cpu bench documents accuracy --model qwen2.5-coder-1.5b --threads 1 --task nq --split odd --n 150
