@@ -55,6 +55,11 @@ STANDINS = {
 
 
 
+def in_a_list(documents) -> str:
+    """Returns documents' texts as stand-ins give them: each followed by a blank line."""
+    return "".join(d + "\n\n" for d in documents)
+
+
 def ordered(blob) -> bytearray:
     """Returns a copy of `blob` with each KV cache's cells in position order."""
     out = bytearray(blob)
@@ -114,16 +119,16 @@ class Item:
         if kind == "standin":
             return self._after_standin(STANDINS[arg])
         if kind in ("others-before", "all-before"):
-            return self._after_standin("".join(d + "\n\n" for d in self.neighbour.documents[:int(arg)]),
+            return self._after_standin(in_a_list(self.neighbour.documents[:int(arg)]),
                                        first_too=kind == "all-before")
         if kind == "mixed-before":
-            return self._after_texts({place: "".join(d + "\n\n" for d in self.others[place].documents[:int(arg)])
+            return self._after_texts({place: in_a_list(self.others[place].documents[:int(arg)])
                                       for place in range(1, len(self.prompt.documents))})
         if kind == "place-before":
             return self._after_standin_by_place()
         if kind == "nq-before":
             passages = questions("nq", "odd", 1, 5)[0].documents
-            return self._after_standin("".join(d + "\n\n" for d in passages[:int(arg)]))
+            return self._after_standin(in_a_list(passages[:int(arg)]))
         raise SystemExit(f"unknown variant {name!r}; see the module docstring")
 
     def _recomputed_gold(self) -> bytearray:
@@ -167,7 +172,7 @@ class Item:
 
     def _after_standin_by_place(self) -> bytearray:
         """Returns the cells with document k (k = 2..5) computed after k - 1 documents of another question."""
-        return self._after_texts({place: "".join(d + "\n\n" for d in self.neighbour.documents[:place])
+        return self._after_texts({place: in_a_list(self.neighbour.documents[:place])
                                   for place in range(1, len(self.prompt.documents))})
 
     def score(self, cells: bytearray, answer: tuple[int, ...]) -> float:
@@ -237,9 +242,9 @@ def main() -> None:
     scores: dict[str, list[float]] = {v: [] for v in variants}
     right: dict[str, list[bool]] = {v: [] for v in variants}
     with PromptCache(args.model, threads=args.threads, n_ctx=4096) as pc:
-        asked = questions(args.task, "even", args.n + 1, 5)
+        asked = questions(args.task, "even", args.n + 5, 5)  # the 5 after each item lend it their documents
         for i, question in enumerate(asked[:args.n]):
-            item = Item(pc, question, [asked[(i + k) % len(asked)] for k in range(1, 6)])
+            item = Item(pc, question, asked[i + 1:i + 6])
             if args.deviation and not any(scores.values()):
                 print("| layer | K rel. distance, tokens 0-3 of a document | 4-15 | 16-31 | 32- |\n|---|---|---|---|---|")
                 print("\n".join(deviation(item)), flush=True)
