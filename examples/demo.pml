@@ -1,5 +1,5 @@
 <schema name="demo">
-  <system>You are a concise assistant. Answer from the document, in <module name="style">a <param name="tone" len="6"/> tone</module>.</system>
+  <system>You are a concise assistant. Answer from the document.</system>
   <user>
     <union name="document">
       <module name="observatory">The Lindqvist Observatory stands on Harrow Ridge, 2,140 metres above the village of Vell.
@@ -37,5 +37,6 @@ the Grauwald tunnel. The line carries about 400,000 passengers a year, most of t
 Season tickets for residents of the valley cost forty euros, and bicycles travel free in the last
 carriage. The railway's workshop in Oster still builds replacement parts for the old steam engines.</module>
     </union>
+    <module name="style">Answer in a <param name="tone" len="6"/> tone.</module>
   </user>
 </schema>

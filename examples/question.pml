@@ -1,1 +1,1 @@
-<prompt schema="demo"><style tone="plain"/><harbor/><user>Who kept the Calder Light?</user></prompt>
+<prompt schema="demo"><harbor/><style tone="plain"/><user>Who kept the Calder Light?</user></prompt>

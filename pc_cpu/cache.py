@@ -46,6 +46,7 @@ from pc_cpu.engine.turns import ContextLocks, FairLock
 from pc_cpu.errors import ContextBeyondTrainingError, ContextOverflowError, PromptCacheError
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeParams
+from pc_cpu.memory import DEFAULT_DISK_BYTES, DEFAULT_PARALLEL, DEFAULT_RAM_BYTES, STATE_BUFFERS, MemoryUse
 from pc_cpu.model_path import resolve_model_path
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_after_edit, check_messages
@@ -61,6 +62,7 @@ from pc_cpu.pml.schema import Schema, parse_schema
 from pc_cpu.progress import ProgressCallback, paced
 from pc_cpu.result import AddedDocument, Result
 from pc_cpu.schemas import LoadedSchema, Schemas
+from pc_cpu.stats import CacheStats, TierStats
 from pc_cpu.store.disk import DiskStore, default_store_dir
 from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, Document, DocumentLibrary, check_max_documents, library_directory
 from pc_cpu.store.ram import RamStore
@@ -90,9 +92,10 @@ class PromptCache:
     """A model, one llama.cpp context, and the schemas whose modules are encoded in it."""
 
     def __init__(self, model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
-                 threads: int | None = None, n_seq_max: int = 64, parallel: int = 4, encoding: str = "preamble",
+                 threads: int | None = None, n_seq_max: int = 64, parallel: int = DEFAULT_PARALLEL,
+                 encoding: str = "preamble",
                  flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
-                 ram_bytes: int = 2 << 30, disk_bytes: int = 16 << 30, batch_invariant: bool = True,
+                 ram_bytes: int = DEFAULT_RAM_BYTES, disk_bytes: int = DEFAULT_DISK_BYTES, batch_invariant: bool = True,
                  max_documents: int = DEFAULT_MAX_DOCUMENTS, verbose: bool = False):
         """Loads the model and creates the context.
 
@@ -117,7 +120,9 @@ class PromptCache:
                 Qwen2.5-Coder-0.5B (docs/performance.md). True suits whoever mostly prefills new text.
                 Cells stored with and without it are kept apart (their V layouts differ).
             store: directory of the disk tier; None: $PC_CPU_STORE_DIR or the user cache dir; False: RAM only.
-            ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers.
+            ram_bytes, disk_bytes: byte budgets of the RAM and disk tiers (1 GiB and 16 GiB); ram_bytes=0
+                keeps no RAM tier (the disk tier, and the OS's page cache, serve restores). What the
+                cache's memory comes to: `memory()`, README "Memory".
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
                 answer is the one it gets alone; False decodes them in one batch, for more tokens per
                 second, and an answer can then change with the prompts beside it (pc_cpu.engine.scheduler).
@@ -586,6 +591,31 @@ class PromptCache:
         """
         return self._scheduler.wait_idle(timeout)
 
+    def memory(self) -> MemoryUse:
+        """Returns this cache's large allocations in bytes, and the bound they stay under (pc_cpu.memory).
+
+        The sizes of llama.cpp's buffers are the ones it reported when the contexts opened.
+        """
+        contexts = (self._ctx, self._prompts)
+        kv = sum(c.buffers.kv for c in contexts)
+        streams = 1 + self._prompts.n_stream
+        kv_cell = kv // (streams * self._ctx.n_ctx)
+        ram = next((tier.budget_bytes for tier in self.store.tiers if isinstance(tier, RamStore)), 0)
+        return MemoryUse(weights=self.model.path.stat().st_size, kv=kv,
+                         compute=sum(c.buffers.compute + c.buffers.output for c in contexts),
+                         state_buffers=STATE_BUFFERS * kv_cell * self._ctx.n_ctx, ram_tier=ram, kv_cell=kv_cell,
+                         streams=streams)
+
+    def stats(self) -> CacheStats:
+        """Returns what this cache holds now: each byte tier's bytes and entries, resident cells, documents, tips, queues.
+
+        Cheap (every count is kept current by its owner), so a long-running host can poll it.
+        """
+        tiers = tuple(TierStats(tier.name, tier.bytes_used, tier.budget_bytes, len(tier)) for tier in self.store.tiers)
+        return CacheStats(tiers=tiers, resident_cells=self._resident.cells, library_cells=self._ctx.n_ctx,
+                          schemas=len(self.schemas.names), documents=len(self._documents.library),
+                          conversation_tips=len(self._conversations.tips), queues=self._scheduler.queue_stats())
+
     @property
     def modules_encoded(self) -> int:
         """Returns how many schema encodings (modules, scaffolds) this instance computed; a store hit is not one."""
@@ -774,8 +804,11 @@ def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
 
 
 def _open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:
-    """Returns the byte tiers: RAM, then disk unless `store` is False."""
-    tiers = [RamStore(ram_bytes)]
+    """Returns the byte tiers: RAM (unless its budget is 0), then disk unless `store` is False."""
+    if ram_bytes == 0 and store is False:
+        raise PromptCacheError("ram_bytes=0 with store=False leaves nowhere to keep encoded cells; give the RAM "
+                               "tier a budget or keep the disk store")
+    tiers = [RamStore(ram_bytes)] if ram_bytes else []
     if store is not False:
         directory = default_store_dir() if store in (None, True) else Path(store).expanduser()
         disk = DiskStore(directory, budget_bytes=disk_bytes)

@@ -21,6 +21,7 @@ from pc_cpu.pml.document_layout import ENCODINGS, NO_TEXT, ORDERS, PREFIXES, che
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.progress_bar import EncodeProgressBar
 from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, check_name
+from pc_cpu.memory import DEFAULT_DISK_BYTES, DEFAULT_PARALLEL, DEFAULT_RAM_BYTES
 
 # Importing this module (and `pc-cpu --help`) loads neither llama.cpp nor numpy nor the benchmarks (about a
 # second): commands import what they use (tests/test_cli_imports.py holds it so).
@@ -75,6 +76,26 @@ ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=N
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
 store_option = click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
                             help="Directory of encoded modules (default: $PC_CPU_STORE_DIR, else ~/.cache/pc_cpu/store).")
+class ByteSize(click.ParamType):
+    """A number of bytes, written plainly or with a unit: 512M, 2G, 1.5GiB (powers of 1024), 0."""
+
+    name = "size"
+    _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
+        number, unit = text.rstrip("kmgt"), text[len(text.rstrip("kmgt")):]
+        try:
+            size = float(number) * self._UNITS[unit]
+        except (ValueError, KeyError):
+            self.fail(f"{value!r} is not a size; write bytes, or a number with K, M, G or T (512M, 2G)", param, ctx)
+        if size < 0 or size != size:
+            self.fail(f"{value!r} is not a size: it must be 0 or more", param, ctx)
+        return int(size)
+
+
 no_store_option = click.option("--no-store", is_flag=True,
                                help="Keep encoded modules in RAM only (nothing written to disk).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the Result as one JSON object.")
@@ -415,7 +436,7 @@ def demo(model, threads, flash_attn, as_json, verbose):
 
     Example: pc-cpu demo --threads 2
     """
-    from pc_cpu.demo import LONG_QUESTION, QUESTIONS, demo_prompt, demo_schema, headline, long_document
+    from pc_cpu.demo import EXACT_NOTE, LONG_QUESTION, QUESTIONS, demo_prompt, demo_schema, headline, long_document
     from pc_cpu.errors import ContextOverflowError, DocumentError
 
     with _open_cache(model, None, threads, "preamble", verbose, flash_attn=flash_attn) as pc:
@@ -445,16 +466,13 @@ def demo(model, threads, flash_attn, as_json, verbose):
                        f"{cached.cached_tokens} cached", cached, baseline, as_json)
             cases.append(("Long document", cached, baseline))
     if not as_json:
-        click.echo("Cached and baseline answers agree where the cached cells are what the full prefill computes "
-                   "(a module or document right after the system message, as here, up to how llama.cpp rounds "
-                   "a batch); modules encoded apart from each other (the union above) can change a near-tied "
-                   "answer. The same prompt always gets the same answer, whichever tier served it.")
+        click.echo(EXACT_NOTE)
         label, cached, baseline = cases[-1]
         click.echo(headline(label, cached.cached_tokens, cached.ttft_ms, baseline.ttft_ms))
 
 
 def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> None:
-    from pc_cpu.demo import one_line
+    from pc_cpu.demo import agreement, one_line
 
     if as_json:
         click.echo(json.dumps({"question": question, "cached": cached.to_dict(), "baseline": baseline.to_dict()}))
@@ -463,7 +481,7 @@ def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> Non
     # A model's answer may hold newlines; one line each keeps the two answers side by side.
     click.echo(f"  cached    ttft {cached.ttft_ms:7.0f} ms : {one_line(cached.text)}")
     click.echo(f"  baseline  ttft {baseline.ttft_ms:7.0f} ms : {one_line(baseline.text)}")
-    click.echo(f"  speedup   {baseline.ttft_ms / cached.ttft_ms:.1f}x")
+    click.echo(f"  speedup   {baseline.ttft_ms / cached.ttft_ms:.1f}x, {agreement(cached.token_ids, baseline.token_ids)}")
 
 
 @cli.command()
@@ -486,10 +504,16 @@ def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> Non
 @threads_option
 @flash_attn_option
 @store_option
+@click.option("--parallel", type=click.IntRange(1, 64), default=DEFAULT_PARALLEL, show_default=True,
+              help="Prompts answered at once; each holds a KV stream of --n-ctx cells (more wait their turn).")
+@click.option("--ram-bytes", type=ByteSize(), default=f"{DEFAULT_RAM_BYTES >> 20}M", show_default=True,
+              help="Budget of the RAM tier (encoded cells kept in memory; 512M, 2G, ...).")
+@click.option("--disk-bytes", type=ByteSize(), default=f"{DEFAULT_DISK_BYTES >> 30}G", show_default=True,
+              help="Budget of the disk tier (--store).")
 @encoding_option
 @verbose_option
 def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_documents, schemas, model, n_ctx, threads,
-          flash_attn, store_dir, encoding, verbose):
+          flash_attn, store_dir, parallel, ram_bytes, disk_bytes, encoding, verbose):
     """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas, /v1/documents.
 
     Example: PC_CPU_API_KEY=secret pc-cpu serve --schema demo.pml --port 8000
@@ -504,7 +528,7 @@ def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_docume
     api_key = check_api_key(api_key) if api_key else None
     check_exposure(host, api_key, insecure=insecure)  # before the model loads: a refusal should be quick
     with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir, max_documents=max_documents,
-                     flash_attn=flash_attn) as pc:
+                     flash_attn=flash_attn, parallel=parallel, ram_bytes=ram_bytes, disk_bytes=disk_bytes) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar(quiet_s=0))
         click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)"

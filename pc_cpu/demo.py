@@ -51,21 +51,38 @@ QUESTIONS = [
 
 
 def demo_schema() -> str:
-    """Returns the demo schema's PML."""
+    """Returns the demo schema's PML: a system message, a union of the documents right after it, a module with a param.
+
+    Each document sits right after the system message, where the full prefill computes it: its
+    cached cells are the full prefill's, so a prompt importing one answers as the full prefill
+    does, token for token. The style module follows the union, encoded after the system message
+    alone: a prompt importing it after a document is the other case, modules encoded apart.
+    """
     members = "\n".join(f'      <module name="{name}">{text}</module>' for name, text in DOCS.items())
     return f"""<schema name="demo">
-  <system>You are a concise assistant. Answer from the document, in <module name="style">a <param name="tone" len="6"/> tone</module>.</system>
+  <system>You are a concise assistant. Answer from the document.</system>
   <user>
     <union name="document">
 {members}
     </union>
+    <module name="style">Answer in a <param name="tone" len="6"/> tone.</module>
   </user>
 </schema>"""
 
 
-def demo_prompt(doc: str, question: str, tone: str = "friendly") -> str:
-    """Returns a demo prompt importing one document and asking `question`."""
-    return f'<prompt schema="demo"><style tone="{tone}"/><{doc}/><user>{question}</user></prompt>'
+def demo_prompt(doc: str, question: str, tone: str | None = None) -> str:
+    """Returns a demo prompt importing one document and asking `question`; with `tone`, the style module too."""
+    style = "" if tone is None else f'<style tone="{tone}"/>'
+    return f'<prompt schema="demo"><{doc}/>{style}<user>{question}</user></prompt>'
+
+
+# What `pc-cpu demo` says under its answers: which cached answers are the full prefill's, and which can differ.
+EXACT_NOTE = ("Each document above sits right after the system message, so its cached cells are the ones the full "
+              "prefill computes, in the same llama.cpp calls: the cached answer is the full prefill's, token for token, "
+              "on any CPU. Cached answers can differ where cells were computed apart from the text before them: a "
+              "module after another (<harbor/><style tone=\"plain\"/>), recompute= policies, documents asked "
+              "together for the first time, chat turns reused after an edit. The same prompt gets the same answer "
+              "from every tier.")
 
 
 LONG_QUESTION = "On which day did the ferry carry the most passengers, and how many?"
@@ -84,6 +101,15 @@ def long_document(days: int = 120) -> str:
         log.append(f"Day {day}: the Skerra ferry carried {passengers} passengers; the wind was "
                    f"{8 + (day * 7) % 25} knots from the {wind}.")
     return "\n\n".join(DOCS.values()) + "\n\nFerry log of the summer season.\n" + "\n".join(log)
+
+
+def agreement(cached_ids: list[int], baseline_ids: list[int]) -> str:
+    """Returns how a cached answer compares with the full prefill's: "same tokens", or where they part."""
+    if cached_ids == baseline_ids:
+        return "same tokens as the full prefill"
+    parted = next((i for i, (a, b) in enumerate(zip(cached_ids, baseline_ids)) if a != b),
+                  min(len(cached_ids), len(baseline_ids)))
+    return f"differs from the full prefill from token {parted + 1}"
 
 
 def one_line(text: str) -> str:

@@ -64,6 +64,7 @@ class Documents:
         self.prompts = prompts
         self.store = store
         self.library = DocumentLibrary(library_dir, max_documents=max_documents)
+        self.library.delete_orphans()  # this cache writes it: cleans up after a process killed mid-add
         # Questions are assembled in the encoder's workspace; add_document computes in a stream of its
         # own, batch by batch between the scheduler's steps, so it never waits for the workspace.
         # library_room: the library context's sequences a question borrows to recompute its runs in one pass;
@@ -182,6 +183,11 @@ class Documents:
         preamble = preamble_tokens(system, self.model, self.markup)
         n_ctx = self.prompts.n_ctx
         room = n_ctx - len(preamble) - 1
+        if room < 1:  # the system message alone fills a prompt: the document is not what is too long
+            raise DocumentError(
+                f"the system message of document {name or document_id(text)} is {len(preamble)} tokens with its "
+                f"markup, and a prompt holds {n_ctx} positions: no room is left for the document; shorten the "
+                "system message or raise n_ctx")
         if len(tokens) > room:
             raise DocumentError(
                 f"document {name or document_id(text)} has {len(tokens)} tokens but a prompt holds {n_ctx} "

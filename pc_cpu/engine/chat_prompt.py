@@ -103,6 +103,10 @@ class TipIndex:
                     if index.get(digest) is old:
                         del index[digest]
 
+    def __len__(self) -> int:
+        """Returns how many tips the index holds."""
+        return len(self._tips)
+
     def holding_prefix(self, digest: str) -> Tip | None:
         return self._prefixes.get(digest)
 

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import llama_cpp
 import numpy as np
 
+from pc_cpu.engine.log import take_buffer_sizes
 from pc_cpu.engine.model import Model, ModelInfo
 from pc_cpu.errors import ContextOverflowError, EngineError
 
@@ -97,7 +98,9 @@ class Context:
         params.no_perf = True
         if config.flash_attn is not None:
             params.flash_attn_type = 1 if config.flash_attn else 0
+        take_buffer_sizes()  # what earlier contexts reported is not this one's
         self._ctx = llama_cpp.llama_init_from_model(model.handle, params)
+        self.buffers = take_buffer_sizes()  # its KV and compute buffers, as llama.cpp's log reports them
         if not self._ctx:
             raise EngineError(f"llama.cpp could not create a context with n_ctx={config.n_ctx}; "
                               "lower n_ctx (run with --verbose to see why)")

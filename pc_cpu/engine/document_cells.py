@@ -92,7 +92,7 @@ class DocumentEncoder:
 
     def prefix_key(self, prompt: DocumentPrompt) -> StoreKey:
         """Returns the key of the prompt's exact prefix: its preamble and documents, in order, computed together."""
-        return StoreKey(self.model_id, prefix_content(prompt.tokens[:prompt.tail_start]), DOCUMENT_MODE,
+        return StoreKey(self.model_id, prefix_content(prompt.tokens[:prompt.tail_start], prompt.prefix_cuts), DOCUMENT_MODE,
                         label=prefix_label(doc.id for doc in prompt.documents))
 
     # --- encodings ------------------------------------------------------------------
@@ -183,16 +183,19 @@ class DocumentEncoder:
     def compute_prefix(self, prompt: DocumentPrompt, slot: int, key: StoreKey | None = None) -> int:
         """Computes the prompt in the empty stream `slot` as a full prefill, prefix then tail; returns its end.
 
-        The prefix (preamble and documents) is decoded from position 0 in n_batch chunks, and the
-        tail in a call of its own: the baseline, a prefix computed by its first question and one
-        computed while the scheduler is idle (in the same chunks) then decode the same batches,
-        and llama.cpp's CPU kernels give bits by batch shape, so a question restoring the stored
-        prefix answers as the baseline does, token for token. `key`: the prefix is stored under it
-        before the tail is computed (None: not stored, the baseline).
+        The prefix (preamble and documents) is decoded from position 0 in the calls
+        DocumentPrompt.prefix_cuts gives (the preamble, then each document), and the tail in a
+        call of its own: the baseline, a prefix computed by its first question, one computed
+        while the scheduler is idle (in the same calls) and a first document at its home all
+        decode the same batches, and llama.cpp's CPU kernels give bits by batch shape, so a
+        question restoring the stored prefix answers as the baseline does, token for token.
+        `key`: the prefix is stored under it before the tail is computed (None: not stored, the baseline).
         """
         n = prompt.tail_start
         self.prompts.seq_rm(slot)
-        self.prompts.decode(prompt.tokens[:n], range(n), slot, logits_last=False)
+        edges = (*prompt.prefix_cuts, n)
+        for lo, hi in zip(edges, edges[1:]):
+            self.prompts.decode(prompt.tokens[lo:hi], range(lo, hi), slot, logits_last=False)
         if key is not None:
             self.save_prefix(key, slot, n)
         return self._tail(prompt, slot)

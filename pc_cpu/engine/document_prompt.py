@@ -199,4 +199,4 @@ class DocumentWork:
             return exact_head(key, n)
 
         return IdleTask(key, self.prompt.tokens[:n], save, skip=lambda: store.contains(key) or removed(),
-                        delay=PREFIX_DELAY_S)
+                        calls=self.prompt.prefix_cuts[1:], delay=PREFIX_DELAY_S)

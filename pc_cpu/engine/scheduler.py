@@ -51,6 +51,7 @@ from pc_cpu.engine.sampler import Sampler, SamplingParams
 from pc_cpu.engine.turns import FairLock
 from pc_cpu.errors import ContextOverflowError, EngineError, PromptCacheError
 from pc_cpu.result import Result, Tier
+from pc_cpu.stats import QueueStats
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,15 @@ class Scheduler:
     def active(self) -> int:
         """Returns how many requests are generating now."""
         return len(self._active)
+
+    def queue_stats(self) -> QueueStats:
+        """Returns the prompts running and waiting, the streams kept for reuse and the background work waiting."""
+        with self._wake:
+            # A request being prefilled is active already and leaves the queue once its prefill returns.
+            active = {id(r) for r in self._active}
+            waiting = sum(id(r) not in active for r in self._pending)
+            return QueueStats(active=len(active), waiting=waiting, held_streams=len(self._held),
+                              idle_tasks=len(self._idle) + (self._idle_run is not None))
 
     def give_way(self, seconds: float) -> None:
         """Returns once the prompts running or waiting have had `seconds` of the context, or none is left.

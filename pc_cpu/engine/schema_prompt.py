@@ -5,7 +5,8 @@ assembled in the library context's staging sequence of the prompt's slot, where 
 cells are shared (plus arguments, recomputed tokens, and with `select:` the cells the
 Blender picks), then moved into the prompt's stream in position order
 (streams.move_to_stream); the prompt's own text is computed there. The baseline
-(use_cache=False) is a full prefill of the identical tokens in the stream.
+(use_cache=False) is a full prefill of the identical tokens in the stream, in the calls the
+cached prompt computed its cells in (Plan.calls).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class SchemaPrompt:
     def prefill(self, slot: int) -> int:
         """Builds the prompt's KV cache in the empty stream `slot`; returns the position generation continues at."""
         if not self.use_cache:
-            return full_prefill(self.prompts, self.plan.tokens, slot)
+            return full_prefill(self.prompts, self.plan.tokens, slot, calls=self.plan.calls)
         self.prompts.seq_rm(slot)
         if self.split.staged.ops:
             self._stage(slot)

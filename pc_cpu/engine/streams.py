@@ -83,17 +83,27 @@ def move_to_stream(library: Context, staging: int, prompts: Context, slot: int) 
         view.release()
 
 
-def full_prefill(prompts: Context, tokens: Sequence[int], slot: int, batch_starts: Sequence[int] = ()) -> int:
+def full_prefill(prompts: Context, tokens: Sequence[int], slot: int, batch_starts: Sequence[int] = (), *,
+                 calls: Sequence[tuple[int, int]] = ()) -> int:
     """Computes `tokens` at positions 0..n-1 of the empty stream `slot` (the baseline); returns n.
 
-    batch_starts: token indices (0 < i < n) where a new llama_decode batch starts, as a cached
-    prompt's runs did (some models' kernels round by batch); none: n_batch chunks.
+    calls: the llama_decode calls to make, [lo, hi) token indices in order (Plan.calls: those a
+    cached prompt computed its cells in); a call starting before the stream's end first drops
+    the cells from its start, which it computes again. None given: one call split at
+    `batch_starts` (token indices where a new call starts). Each call is decoded in n_batch
+    chunks from its start.
     """
-    prompts.seq_rm(slot)
     n = len(tokens)
-    edges = sorted({0, *batch_starts, n})
-    for lo, hi in zip(edges, edges[1:]):
-        prompts.decode(tokens[lo:hi], range(lo, hi), slot, logits_last=hi == n)
+    if not calls:
+        edges = sorted({0, *batch_starts, n})
+        calls = list(zip(edges, edges[1:]))
+    prompts.seq_rm(slot)
+    end = 0
+    for i, (lo, hi) in enumerate(calls):
+        if lo < end:
+            prompts.seq_rm(slot, lo, -1)
+        prompts.decode(tokens[lo:hi], range(lo, hi), slot, logits_last=i == len(calls) - 1)
+        end = hi
     return n
 
 

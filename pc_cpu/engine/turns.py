@@ -18,7 +18,9 @@ class FairLock:
     """A reentrant lock granted first come, first served."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        mutex = threading.Lock()
+        self._cond = threading.Condition(mutex)
+        self._queued = threading.Condition(mutex)  # wakes wait_for_waiters, never a thread waiting for its turn
         self._next_ticket = 0
         self._serving = 0  # the ticket whose turn it is
         self._owner: int | None = None
@@ -32,6 +34,7 @@ class FairLock:
                 return True
             ticket = self._next_ticket
             self._next_ticket += 1
+            self._queued.notify_all()
             while self._serving != ticket or self._owner is not None:
                 self._cond.wait()
             self._owner, self._depth = me, 1
@@ -46,6 +49,25 @@ class FairLock:
                 self._owner = None
                 self._serving += 1
                 self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Returns how many threads wait for the lock now, its holder not counted (for tests and tools)."""
+        with self._cond:
+            return self._waiting()
+
+    def wait_for_waiters(self, n: int, timeout: float) -> bool:
+        """Returns True once at least `n` threads wait for the lock; False when `timeout` seconds pass first.
+
+        For a test that holds the lock and must know another thread has asked for it before it
+        gives way (yield_turn): a sleep only makes that likely.
+        """
+        with self._queued:
+            return self._queued.wait_for(lambda: self._waiting() >= n, timeout)
+
+    def _waiting(self) -> int:
+        # Every ticket from the one served on is a thread waiting, but the holder's (call holding _cond).
+        return self._next_ticket - self._serving - (self._owner is not None)
 
     @property
     def nested(self) -> bool:

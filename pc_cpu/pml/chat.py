@@ -163,7 +163,8 @@ def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokeniz
 
     documents: (id, tokens) pairs (pc_cpu.pml.document_layout.document_tokens), placed back to back
     at the start of the first user message, before its text, as `ask` places them before the
-    question; they end a decode call, as the prefix of `ask`'s full prefill does.
+    question; the preamble and each document are decode calls of their own, as in `ask`'s full
+    prefill (DocumentPrompt.prefix_cuts).
 
     Raises:
         PromptError: the template cannot render these messages (its own error, e.g. roles out of order),
@@ -193,7 +194,7 @@ def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokeniz
         tokens += tokenizer.tokenize(text, special=message is None)
         if message is not None and message.role == "assistant" and len(tokens) > start:
             answers.append((start, len(tokens)))
-    bounds = [placed.tail_start] if placed is not None else []
+    bounds = [*placed.prefix_cuts, placed.tail_start] if placed is not None else []
     return ChatPrompt(tuple(tokens), _calls(len(tokens), answers, bounds), tuple(answers), placed)
 
 

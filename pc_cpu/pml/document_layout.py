@@ -153,13 +153,14 @@ def document_content(preamble: tuple[int, ...], tokens: tuple[int, ...]) -> str:
     return content_digest(DOCUMENT_MODE, "document", list(preamble), len(preamble), list(tokens))
 
 
-def prefix_content(tokens: tuple[int, ...]) -> str:
-    """Returns the content digest of a prompt's exact prefix: its tokens before the tail, computed at 0..n-1 together.
+def prefix_content(tokens: tuple[int, ...], cuts: tuple[int, ...]) -> str:
+    """Returns the content digest of a prompt's exact prefix: its tokens before the tail, computed at 0..n-1 in calls from `cuts`.
 
     The tokens are the preamble and the documents in prompt order, so another system message,
-    other documents or another order is another prefix.
+    other documents or another order is another prefix; the calls they were computed in
+    (DocumentPrompt.prefix_cuts) are part of what the cells are.
     """
-    return content_digest(DOCUMENT_MODE, "prefix", list(tokens))
+    return content_digest(DOCUMENT_MODE, "prefix", list(tokens), list(cuts))
 
 
 # ask(prefix=...): when the exact prefix (a full prefill of the preamble and documents) is computed and reused.
@@ -230,6 +231,17 @@ class DocumentPrompt:
     def tokens(self) -> tuple[int, ...]:
         """Returns every prompt token in position order: the input of the baseline prefill."""
         return self.preamble + tuple(t for d in self.documents for t in d.tokens) + self.tail
+
+    @property
+    def prefix_cuts(self) -> tuple[int, ...]:
+        """Returns where the calls that compute the prefix (preamble and documents) at 0..tail_start-1 start, 0 first.
+
+        The preamble is a call, then each document: the calls a document at its home was computed
+        in (its preamble's encoding, then the document after it), so the baseline, the exact
+        prefix and a prompt whose first document sits at its home give that document the same
+        bits (llama.cpp's CPU kernels round a token by the shape of its call: Plan.calls).
+        """
+        return tuple(sorted({0, *(d.start for d in self.documents)} - {self.tail_start}))
 
     @property
     def cached_tokens(self) -> int:

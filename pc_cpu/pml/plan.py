@@ -71,6 +71,10 @@ class DecodeTokens:
     start: int
     tokens: tuple[int, ...]
     what: str  # e.g. "argument 'days' of module 'plan'" or "prompt text", for messages
+    # The encoding (a module, or "scaffold:<name>") that computed these tokens' cells too (recomputed
+    # tokens, the last token of a prompt that is all modules): the prompt computes them again where
+    # they stand. None: tokens no encoding computed.
+    recomputes: str | None = None
 
     @property
     def end(self) -> int:
@@ -106,6 +110,41 @@ class Plan:
     def positions(self) -> tuple[int, ...]:
         """Returns the position of each token of `tokens` in the assembled sequence."""
         return tuple(p for op in self.ops for p in range(op.start, op.end))
+
+    @property
+    def calls(self) -> tuple[tuple[int, int], ...]:
+        """Returns the llama_decode calls that compute the plan's cells as the cached prompt does: [lo, hi) into `tokens`.
+
+        The baseline (use_cache=False) decodes its tokens in exactly these calls, so its cells
+        and the cached prompt's come from calls of the same shapes. llama.cpp's CPU kernels give
+        a token's result by the shape of the call it is in: some weight types' matmuls
+        (tinyBLAS's Q8_0/Q5_0/Q4_0 tiles, repacked 4-row tiles) round a row by its batch's size
+        and its place in it. A full prefill in other calls agrees only to rounding, and a near
+        tie then turns a greedy answer on one CPU and not on another (README, "Same tokens, same
+        answer"). The cached prompt's calls:
+        - the cells it shares were computed when their encoding was: consecutive shared cells of
+          one encoding (a module's run, a scaffold's members) are one call, which also covers the
+          tokens the prompt computes again right after them (a `recompute=` tail, the last token
+          of a prompt that is all modules);
+        - every op it computes (arguments, recomputed tokens, its own text) is a call of its own,
+          after the cells before it; one that recomputes tokens an earlier call covered
+          (lo < the previous call's hi) replaces their cells.
+        Every call is decoded in n_batch chunks from its start, as every computation is.
+        """
+        calls: list[tuple[int, int]] = []
+        lo, previous = 0, None
+        for op in self.ops:
+            hi = lo + len(op.tokens)
+            if isinstance(op, CopyCells) and isinstance(previous, CopyCells) and op.encoding == previous.encoding:
+                calls[-1] = (calls[-1][0], hi)
+            elif (isinstance(op, DecodeTokens) and isinstance(previous, CopyCells) and op.recomputes == previous.encoding
+                  and op.start == previous.end):
+                calls[-1] = (calls[-1][0], hi)
+                calls.append((lo, hi))
+            else:
+                calls.append((lo, hi))
+            lo, previous = hi, op
+        return tuple(calls)
 
     @property
     def end(self) -> int:
@@ -358,7 +397,8 @@ def _module_ops(layout: Layout, imported: dict[str, dict[str, str]], sources: di
         if layout.is_cached(module, piece):
             own = frozenset(p for m, p in redo if m == module)
             for again, part in _split_recomputed(piece, own) if own else [(False, piece)]:
-                _append(ops, DecodeTokens(part.start, part.tokens, f"recomputed tokens of module {module!r}")
+                _append(ops, DecodeTokens(part.start, part.tokens, f"recomputed tokens of module {module!r}",
+                                          recomputes=sources[module] or module)
                         if again else CopyCells(module, part.start, part.tokens, sources[module]))
         elif piece.param is None:
             _append(ops, DecodeTokens(piece.start, piece.tokens, "schema text after a module"))
@@ -381,10 +421,23 @@ def _append(ops: list[Op], op: Op) -> None:
                 and last.encoded_at + len(last.tokens) == op.encoded_at):
             ops[-1] = replace(last, tokens=last.tokens + op.tokens)
             return
-        if isinstance(op, DecodeTokens) and isinstance(last, DecodeTokens):
-            ops[-1] = DecodeTokens(last.start, last.tokens + op.tokens, last.what)
+        if isinstance(op, DecodeTokens) and isinstance(last, DecodeTokens) and (
+                op.recomputes == last.recomputes or not _continues_its_encoding(ops)):
+            recomputes = last.recomputes if op.recomputes == last.recomputes else None
+            ops[-1] = DecodeTokens(last.start, last.tokens + op.tokens, last.what, recomputes)
             return
     ops.append(op)
+
+
+def _continues_its_encoding(ops: list[Op]) -> bool:
+    """Returns whether the last op recomputes the tokens right after shared cells of the encoding that computed them.
+
+    Plan.calls counts those tokens into that encoding's call, so the op stays apart from the
+    decodes after it (merged, the baseline could not tell where the encoding's tokens end).
+    """
+    last, before = ops[-1], ops[-2] if len(ops) > 1 else None
+    return (isinstance(last, DecodeTokens) and last.recomputes is not None and isinstance(before, CopyCells)
+            and before.encoding == last.recomputes and before.end == last.start)
 
 
 def _append_prompt_text(ops: list[Op], text: DecodeTokens, markup: int) -> None:
@@ -464,4 +517,5 @@ def _ensure_last_is_decoded(ops: list[Op]) -> list[Op]:
     if isinstance(last, DecodeTokens):
         return ops
     head = [replace(last, tokens=last.tokens[:-1])] if len(last.tokens) > 1 else []
-    return ops[:-1] + head + [DecodeTokens(last.end - 1, last.tokens[-1:], f"last token of module {last.module!r}")]
+    return ops[:-1] + head + [DecodeTokens(last.end - 1, last.tokens[-1:], f"last token of module {last.module!r}",
+                                            recomputes=last.encoding)]

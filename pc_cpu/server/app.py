@@ -2,7 +2,7 @@
 
 Routes: POST /v1/completions (a PML prompt), POST /v1/chat/completions (a conversation, its
 history reused between turns; or messages importing a schema's modules; or a question over `documents`), POST|GET /v1/schemas, DELETE /v1/schemas/{name},
-POST|GET /v1/documents, DELETE /v1/documents/{id or name}, GET /v1/models, GET /health.
+POST|GET /v1/documents, DELETE /v1/documents/{id or name}, GET /v1/models, GET /v1/stats, GET /health.
 `stream: true` answers with server-sent events (`data: {chunk}`, then `data: [DONE]`).
 
 Errors are JSON `{"error": {"message", "type"}}`: a PromptCacheError is 400 with its class name as
@@ -37,10 +37,12 @@ from pc_cpu.errors import PromptCacheError, UnknownSchemaError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.schema import parse_schema
 from pc_cpu.server import openai_api as api
-from pc_cpu.server.chat import messages_to_pml
+from pc_cpu.server.chat import messages_to_pml, naming_messages
 from pc_cpu.server.feed import Done, Failed, Feed, Text
 from pc_cpu.server.guard import BearerAuth, BodyLimit, check_api_key
-from pc_cpu.server.http_errors import http_error
+from pc_cpu.server.http_errors import http_error, validation_message
+from pc_cpu.server.json_body import JSONBodyRoute
+from pc_cpu.server.process import process_stats
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ def create_app(cache, *, api_key: str | None = None, max_body_bytes: int = DEFAU
         feeds.close()  # every stream closed before the caller may close the cache
 
     app = FastAPI(title="pc_cpu", summary="Prompt Cache on llama.cpp, OpenAI-style", lifespan=lifespan)
+    app.router.route_class = JSONBodyRoute  # before any route: refusals of unreadable bodies name the problem
     app.state.cache = cache
     app.state.feeds = feeds
     _add_error_handlers(app)
@@ -115,10 +118,17 @@ class Feeds:
 
 def _add_status_routes(app: FastAPI, cache, feeds: Feeds) -> None:
     model_name = cache.model.path.name
+    memory = cache.memory()  # fixed once the contexts are open
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model_name, "schemas": cache.schema_names, "active_streams": feeds.active}
+
+    @app.get("/v1/stats")
+    def stats() -> dict:
+        # What a host running for days watches: the cache's tiers, indexes and queues, this process's memory.
+        return {"object": "stats", **cache.stats().to_dict(), "active_streams": feeds.active,
+                "memory": memory.to_dict(), "process": process_stats()}
 
     @app.get("/v1/models")
     def models() -> dict:
@@ -222,7 +232,7 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
             prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
                                      import_names=names)
-            feed = feeds.open(lambda: cache.stream(prompt, options))
+            feed = feeds.open(lambda: naming_messages(lambda: cache.stream(prompt, options)))
         id_ = api.new_id("chatcmpl")
 
         def chunk(text, result=None):
@@ -328,9 +338,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
-        return JSONResponse(api.error_json(f"invalid request: {problems}", "RequestValidationError"),
-                            status_code=422)
+        message = validation_message(exc.errors(), request.headers.get("content-type"))
+        return JSONResponse(api.error_json(message, "RequestValidationError"), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception(request: Request, exc: StarletteHTTPException):

@@ -14,15 +14,17 @@ Rules (the chat endpoint's, on top of prompt PML):
   whitespace (the chat template puts the markup around it); a message left empty adds no turn.
   Roles: system, developer (as system), user, assistant. A last assistant message is continued
   by the model; otherwise the assistant's turn is opened for it.
+- The client wrote messages, not that prompt: an error of the prompt (an import given twice, too
+  long for the context) names the messages, without a line of the prompt (`naming_messages`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
-from pc_cpu.errors import PromptError
+from pc_cpu.errors import ContextOverflowError, PMLError, PromptError, UnknownSchemaError
 from pc_cpu.pml.text import NOT_XML, escape_attribute
 from pc_cpu.pml.text import escape_text
 
@@ -61,7 +63,7 @@ def messages_to_pml(schema: str, messages: Sequence[Message], *, import_names: C
             raise PromptError(f"message {index} has role {message.role!r}; supported roles: "
                               f"{', '.join(ROLE_TAGS)}")
         found, text = split_imports(message.text, import_names, where=f"message {index}")
-        imports += [raw for raw in found if raw not in imports]
+        imports += [raw for raw in dict.fromkeys(found) if raw not in imports]  # "<doc/> ... <doc/>": once
         if text.strip():
             turns.append(f"<{tag}>{cleaned_text(text.strip())}</{tag}>")
     return f'<prompt schema="{escape_attribute(schema, "the schema name")}">{"".join(imports)}{"".join(turns)}</prompt>'
@@ -117,3 +119,43 @@ def _import_end(text: str, start: re.Match, where: str) -> int:
         elif not tag.group(4):
             depth += 1
     raise PromptError(f"{where}: the import <{name}> is never closed; write <{name}/> or close it with </{name}>")
+
+
+def naming_messages(open_stream: Callable):
+    """Returns the stream `open_stream()` opens for the prompt of chat messages; its errors are re-raised naming them.
+
+    Raises:
+        PMLError, ContextOverflowError: as `open_stream` raises them, the message starting "messages: ".
+    """
+    try:
+        return _MessagesStream(open_stream())
+    except (PMLError, ContextOverflowError) as exc:
+        raise _about_messages(exc)
+
+
+class _MessagesStream:
+    """A PromptCache Stream whose errors while generating name the messages (a prompt too long for the context)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self._stream
+        except (PMLError, ContextOverflowError) as exc:
+            raise _about_messages(exc)
+
+    @property
+    def result(self):
+        return self._stream.result
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _about_messages(exc: Exception) -> Exception:
+    """Returns `exc` as the chat client sees it: about its messages, without the line of a prompt it never wrote."""
+    if isinstance(exc, UnknownSchemaError):  # about the `schema` field, which it names
+        return exc
+    message = exc.bare_message if isinstance(exc, PMLError) else str(exc)
+    return type(exc)(f"messages: {message}")

@@ -9,6 +9,8 @@ The rule, for every route and for an error inside an event stream alike:
 - Any other exception is a bug or a failure of the machine: 500 with a generic message.
 A 5xx carries a request id, in its message and its X-Request-Id header; the server log has one
 line with that id, the exception and its traceback.
+A body that does not validate is a 422 whose message names each field that is wrong
+(`validation_message`), or the body itself when it is no JSON object.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
+from email.message import Message
+from typing import Sequence
 
 from starlette.responses import JSONResponse
 
@@ -66,6 +70,45 @@ def http_error(exc: Exception, where: str) -> HttpError:
         return HttpError(404 if isinstance(exc, UnknownDocumentError) else 400, hide_paths(str(exc)),
                          type(exc).__name__)
     return _server_side(500, INTERNAL_MESSAGE, "InternalError", exc, where)
+
+
+MAX_PROBLEMS = 10  # a list of 2,000 wrong stop strings needs one line of example, not 2,000
+
+
+def validation_message(errors: Sequence[dict], content_type: str | None) -> str:
+    """Returns the 422's message for FastAPI's validation `errors`: `where: what` for each, the first MAX_PROBLEMS.
+
+    Args:
+        errors: RequestValidationError.errors() (pydantic's, plus FastAPI's json_invalid).
+        content_type: the request's Content-Type header; None when it has none.
+    """
+    problems = [_problem(error, content_type) for error in errors[:MAX_PROBLEMS]]
+    if len(errors) > MAX_PROBLEMS:
+        problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
+    return "invalid request: " + "; ".join(problems)
+
+
+def _problem(error: dict, content_type: str | None) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    if error.get("type") == "json_invalid":  # FastAPI's loc is ("body", character)
+        reason = (error.get("ctx") or {}).get("error", "not JSON")
+        return f"body: not JSON at character {error['loc'][-1]}: {reason}; send one JSON object, in UTF-8"
+    if where == "body" and not _is_json(content_type):  # FastAPI reads no body of another type
+        sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        return f"body: send a JSON object with the header Content-Type: application/json (this one has {sent})"
+    if where == "body" and error.get("type") == "missing":
+        return "body: empty; send one JSON object"
+    return f"{where}: {error.get('msg')}"
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Returns whether FastAPI reads a body of `content_type` as JSON: application/json or application/*+json."""
+    if not content_type:
+        return False
+    header = Message()
+    header["content-type"] = content_type
+    subtype = header.get_content_subtype()
+    return header.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 def hide_paths(message: str) -> str:

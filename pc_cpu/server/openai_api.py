@@ -18,16 +18,20 @@ Differences from OpenAI, on purpose:
   "first", "off": when the exact prefix is computed, see PromptCache.ask), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
   and `tiers` (where each module's cells came from). `usage.prompt_tokens_details.cached_tokens`
   is OpenAI's own field for the cached count.
-- `model` is accepted and ignored (one model per server); `n` must be 1; other OpenAI fields
-  (logprobs, presence_penalty, ...) are ignored.
+- OpenAI fields this server does not implement (tools, n > 1, logprobs, response_format, ...) are
+  refused with a 422 naming them, unless they ask for what it does anyway (n=1, logprobs=false,
+  null): UNSUPPORTED lists them. IGNORED lists the few accepted and ignored on purpose (`model`:
+  one model per server; `user`, `metadata`, ...: bookkeeping that does not change the answer).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import time
 import uuid
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -78,6 +82,86 @@ def _check_json_text(body) -> None:
             pending += reversed([(f"{where}[{index}]", item) for index, item in enumerate(value)])
 
 
+@dataclasses.dataclass(frozen=True)
+class Unsupported:
+    """An OpenAI request field this server does not implement, and what to send instead."""
+
+    name: str
+    fix: str
+    neutral: tuple = ()  # values asking for what the server does anyway (n=1, logprobs=false); null is one too
+
+    def refuses(self, value: Any) -> bool:
+        """Returns whether `value` asks for something this server would otherwise silently not do."""
+        return value is not None and not any(_same_json(value, ok) for ok in self.neutral)
+
+
+# The one place that refuses OpenAI fields: implementing one means adding it to the request model
+# below and deleting its line here. Checked before the fields, so `n=2` is refused as unsupported,
+# not validated as an int.
+UNSUPPORTED = (
+    Unsupported("n", "this server returns one choice; send n=1 or leave it out", (1,)),
+    Unsupported("best_of", "this server samples one answer; send best_of=1 or leave it out", (1,)),
+    Unsupported("tools", "this server does not call tools; leave it out (or send [])", ([],)),
+    Unsupported("tool_choice", "this server does not call tools; leave it out (or send \"none\")", ("none", "auto")),
+    Unsupported("functions", "this server does not call functions; leave it out (or send [])", ([],)),
+    Unsupported("function_call", "this server does not call functions; leave it out (or send \"none\")",
+                ("none", "auto")),
+    Unsupported("logprobs", "this server does not return log probabilities yet; leave it out (or send false)",
+                (False,)),
+    Unsupported("top_logprobs", "this server does not return log probabilities yet; leave it out (or send 0)", (0,)),
+    Unsupported("logit_bias", "this server's sampler takes no token biases; leave it out (or send {})", ({},)),
+    Unsupported("presence_penalty", "this server's sampler has no presence penalty; leave it out (or send 0)", (0,)),
+    Unsupported("frequency_penalty", "this server's sampler has no frequency penalty; leave it out (or send 0)",
+                (0,)),
+    Unsupported("response_format", "this server answers in free text only; leave it out (or send "
+                                   "{\"type\": \"text\"})", ({"type": "text"},)),
+    Unsupported("echo", "this server does not echo the prompt; leave it out (or send false)", (False,)),
+    Unsupported("suffix", "this server does not insert text before a suffix; leave it out", ("",)),
+    Unsupported("modalities", "this server answers in text only; leave it out (or send [\"text\"])", (["text"],)),
+    Unsupported("audio", "this server answers in text only; leave it out"),
+    Unsupported("reasoning_effort", "this server's models do not take a reasoning effort; leave it out"),
+    Unsupported("verbosity", "this server's models do not take a verbosity; leave it out", ("medium",)),
+    Unsupported("web_search_options", "this server does not search the web; leave it out"),
+    Unsupported("moderation", "this server runs no moderation; leave it out"),
+)
+# Accepted and ignored on purpose: none of them changes the answer.
+IGNORED = (
+    "model",  # one model per server
+    "user", "metadata", "store", "service_tier", "safety_identifier",  # the client's bookkeeping
+    "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",  # this server caches by its own rules
+    "stream_options",  # the last streamed chunk carries the usage anyway
+    "parallel_tool_calls",  # without tools (refused above) there is nothing to call in parallel
+    "prediction",  # a latency hint: the answer is the same without it
+)
+
+
+def unsupported_fields(body: Any) -> list[str]:
+    """Returns one refusal per field of a parsed request body that asks for something UNSUPPORTED, in body order."""
+    if not isinstance(body, dict):
+        return []
+    refused = {field.name: field for field in UNSUPPORTED if field.refuses(body.get(field.name))}
+    return [f"{name}={_shown(body[name])}: {refused[name].fix}" for name in body if name in refused]
+
+
+def _same_json(value: Any, expected: Any) -> bool:
+    """Returns whether two parsed JSON values are equal as JSON: 1 == 1.0, but false is no 0."""
+    if isinstance(value, bool) or isinstance(expected, bool):
+        return value is expected
+    if isinstance(value, (int, float)) and isinstance(expected, (int, float)):
+        return not (isinstance(value, float) and math.isnan(value)) and value == expected
+    if isinstance(value, list) and isinstance(expected, list):
+        return len(value) == len(expected) and all(map(_same_json, value, expected))
+    if isinstance(value, dict) and isinstance(expected, dict):
+        return value.keys() == expected.keys() and all(_same_json(value[k], expected[k]) for k in value)
+    return type(value) is type(expected) and value == expected
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """Returns `value` as short JSON for a message; ASCII, so a lone surrogate in it is shown escaped, not sent."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
 class SamplingRequest(RequestBody):
     """The fields both endpoints share."""
 
@@ -93,9 +177,16 @@ class SamplingRequest(RequestBody):
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
     stream: bool = False
-    n: int = 1
     use_cache: bool = True
     recompute: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        refusals = unsupported_fields(data)
+        if refusals:
+            raise ValueError("; ".join(refusals))
+        return data
 
     @model_validator(mode="after")
     def _sampling_in_range(self) -> "SamplingRequest":
@@ -109,8 +200,6 @@ class SamplingRequest(RequestBody):
 
     def options(self) -> GenerationOptions:
         """Returns the generation options of this request (pc_cpu.options)."""
-        if self.n != 1:
-            raise PromptCacheError(f"n={self.n}: this server returns one choice; send n=1")
         return GenerationOptions(max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, seed=self.seed or 0, stop=self.stop or (),
                                  use_cache=self.use_cache, recompute=self.recompute)

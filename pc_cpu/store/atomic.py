@@ -8,12 +8,15 @@ Temp files are named ``.<stem>.<pid>.<random>.tmp``, pid being the writer's. A t
 orphan when its writer is no longer running on this machine, or when it is older than
 ORPHAN_AGE_S whatever its name says (pids are reused; names without a pid come from older
 versions). A live writer's file is never an orphan: deleting it would fail that write. The
-pid test assumes every writer runs on this machine: on a store shared over a network file
-system, delete orphans (`pc-cpu store verify --delete`) only while no other machine writes.
+pid test assumes every writer runs on this machine, in its process namespace: on a store
+shared over a network file system or between containers, another machine's live write looks
+orphaned, and deleting it (a cache opening the store, a write needing room, `pc-cpu store verify
+--delete`) fails that write, with an error, never a wrong entry.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -21,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
+log = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
 ORPHAN_AGE_S = 3600  # seconds; a store write takes seconds, so an hour-old temp file was abandoned
@@ -87,6 +92,22 @@ def find_orphans(directory: Path, *, now: float | None = None) -> list[Orphan]:
         if why is not None:
             found.append(Orphan(path, stat.st_size, why))
     return found
+
+
+def delete_orphans(directory: Path) -> list[Orphan]:
+    """Returns the orphaned temp files in `directory` that it deleted; one that resists is logged and left.
+
+    Temp files of live writers are never touched (find_orphans).
+    """
+    deleted = []
+    for orphan in find_orphans(directory):
+        try:
+            orphan.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot delete temp file %s, left by an interrupted write (%s)", orphan.path, exc.strerror)
+            continue
+        deleted.append(orphan)
+    return deleted
 
 
 def _orphaned(name: str, age_s: float) -> str | None:

@@ -13,9 +13,11 @@ Who deletes what:
   (the engine re-encodes the module) and is deleted when the directory allows it; the one warning
   says whether it was.
 - `verify` reports every bad file and orphaned temp file; only `verify(delete=True)` deletes them.
-- Orphaned temp files (writes a killed process left unfinished, pc_cpu.store.atomic) count against
-  the budget from the scan at open on, and are the first thing deleted when a write needs room:
-  they hold nothing, and a store that never writes (`ls`, a read-only directory) never deletes.
+- Orphaned temp files (writes a killed process left unfinished, pc_cpu.store.atomic) hold nothing.
+  They count against the budget from the scan at open on, and a store that writes deletes them:
+  all at once when `check_writable` finds it writable (a cache opening it: a restart cleans up
+  after a crash, and `verify` stops reporting them), else first when a write needs room. A store
+  that never writes (`ls`, a read-only directory) never deletes.
 
 Concurrent writers are not coordinated: ``bytes_used`` counts the files this instance scanned at
 open plus those it wrote or read since.
@@ -118,10 +120,13 @@ class DiskStore:
         self._scan()
 
     def check_writable(self) -> None:
-        """Raises StoreError, naming the fix, unless a file can be created in the directory.
+        """Raises StoreError, naming the fix, unless a file can be created here; then deletes the orphans found at open.
 
         Checked once when a cache opens the store: every encoding is written through to it,
         and a store that refuses each write would only be noticed as warnings, one per module.
+        A store about to write cleans up after the writers killed before it: their temp files
+        hold nothing, and left in place `pc-cpu store verify` would fail on them until someone
+        ran `--delete`.
         """
         try:
             fd, probe = make_temp(self.directory, "write-check")
@@ -130,6 +135,9 @@ class DiskStore:
         except OSError as exc:
             raise StoreError(f"store directory {self.directory} is not writable ({exc.strerror}); "
                              f"{_DIRECTORY_FIX}") from exc
+        if self._orphans:
+            log.info("%s: deleting %d temp file(s) that interrupted writes left", self.directory, len(self._orphans))
+            self._delete_orphans()
 
     @property
     def bytes_used(self) -> int:

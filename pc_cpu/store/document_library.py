@@ -11,6 +11,10 @@ another system message): the document is then encoded again from it. Its
 encodings themselves live in the tiers like every other (pc_cpu.store.tiers),
 labelled `document_label(id)`.
 
+A process killed while writing a document's file leaves a temp file that holds nothing (the
+document is absent: it is registered once its file is renamed into place); `verify` lists it,
+and the next cache that opens the library deletes it (`delete_orphans`).
+
 Without a store directory (store=False) the library lives in memory only.
 
 Limits, checked in `add` under the lock against the files as they are then: a name has at
@@ -33,7 +37,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
 from pc_cpu.pml.document_layout import stand_in_places
 from pc_cpu.pml.text import check_utf8
-from pc_cpu.store.atomic import find_orphans, write_atomically
+from pc_cpu.store.atomic import delete_orphans, find_orphans, write_atomically
 from pc_cpu.store.base import ModuleStore
 from pc_cpu.store.file_lock import exclusive
 
@@ -374,6 +378,21 @@ class DocumentLibrary:
                     (self.directory / f"{doc_id}.json").unlink(missing_ok=True)
                 except OSError as exc:
                     raise StoreError(f"cannot delete document {doc_id} from {self.directory}: {exc}") from None
+
+    def delete_orphans(self) -> int:
+        """Returns how many temp files of interrupted writes it deleted from the library directory.
+
+        For a process about to write the library (a cache opening it): a document killed while its
+        file was written is absent (registered only once the file is in place), and its temp file
+        holds nothing; left in place, `pc-cpu store verify` would fail on it until someone ran
+        `--delete`. Temp files of writes in progress (another process's) are left alone.
+        """
+        if self.directory is None:
+            return 0
+        deleted = delete_orphans(self.directory)
+        if deleted:
+            log.info("%s: deleted %d temp file(s) that interrupted writes left", self.directory, len(deleted))
+        return len(deleted)
 
     def verify(self, *, delete: bool = False) -> list["BadFile"]:
         """Returns the library's bad files, by name: unreadable document files and orphaned temp files.

@@ -217,6 +217,10 @@ def test_after_edit_reuse_moves_the_turns_after_the_edit_and_the_next_turn_is_ex
     _, messages = talk(cache, LONG_QUESTIONS)
     edited = edited_conversation(messages, index, text)
     result = cache.chat(edited, max_tokens=12, after_edit="reuse")
+    # The repair computes the moved cells again, as the full prefill does: the next turn answers as it.
+    # Waited for before any other prompt: one arriving while it runs stops it part way, for good
+    # (Scheduler._stop_idle_run), and whether one did depended on the machine's speed.
+    cache.wait_idle()
     # Kept: the calls before the edit; moved: the rest of the old stream the new prompt holds again,
     # its answers included; computed: the edited message, the new question and template markup around them.
     new_text = len(cache.model.tokenize(text, special=False)) + len(cache.model.tokenize(edited[-1]["content"],
@@ -226,8 +230,6 @@ def test_after_edit_reuse_moves_the_turns_after_the_edit_and_the_next_turn_is_ex
     assert result.tiers == {"#conversation": "context"} and result.token_ids
     baseline = cache.chat(edited, max_tokens=12, use_cache=False)
     assert result.prompt_tokens == baseline.prompt_tokens
-    # The repair computes the moved cells again, as the full prefill does: the next turn answers as it.
-    cache.wait_idle()
     follow_up = edited + [{"role": "assistant", "content": result.text}, {"role": "user", "content": "Why?"}]
     again = cache.chat(follow_up, max_tokens=12, after_edit="reuse")
     assert again.cached_tokens >= result.prompt_tokens
@@ -254,11 +256,12 @@ def test_after_edit_must_be_recompute_or_reuse(make_tiny):
         make_tiny().chat([{"role": "user", "content": "x"}], after_edit="always")
 
 
-def test_a_recompute_turn_never_keeps_cells_that_a_reuse_turn_moved(make_tiny):
+def test_a_recompute_turn_never_keeps_cells_that_a_reuse_turn_moved(make_tiny, monkeypatch):
     cache = make_tiny(n_ctx=2048)
     _, messages = talk(cache, LONG_QUESTIONS)
     edited = edited_conversation(messages, 1, "Tell me about lakes.")
-    moved = cache.chat(edited, max_tokens=12, after_edit="reuse")  # no pause: its stream is not repaired
+    monkeypatch.setattr(chat_prompt, "REPAIR_DELAY_S", 600.0)  # its stream is not repaired, however slow the machine
+    moved = cache.chat(edited, max_tokens=12, after_edit="reuse")
     result = cache.chat(edited, max_tokens=12)
     assert result.cached_tokens < moved.cached_tokens
     assert result.token_ids == cache.chat(edited, max_tokens=12, use_cache=False).token_ids

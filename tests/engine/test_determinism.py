@@ -106,7 +106,9 @@ def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_smol
                             verbose=False)
     try:
         theirs = []
-        llama.eval(list(plan.tokens))
+        for lo, hi in plan.calls:  # the calls the baseline makes (Plan.calls): the same batches, the same bits
+            assert lo == llama.n_tokens  # none recomputes here: the prompt ends with its own text
+            llama.eval(list(plan.tokens[lo:hi]))
         their_logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, -1),
                                              shape=(llama.n_vocab(),)).copy()
         for _ in range(16):
@@ -125,8 +127,8 @@ def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_smol
 
 def test_full_prefill_of_a_prompts_tokens_is_the_uncached_prompt(make_cache):
     # The public baseline (PromptCache.full_prefill) computes where an uncached prompt is computed,
-    # in an empty prompt stream: the same tokens give the same logits, bit for bit, whatever else
-    # the library holds.
+    # in an empty prompt stream: the same tokens in the same calls (Plan.calls) give the same logits,
+    # bit for bit, whatever else the library holds.
     from pc_cpu.errors import PromptCacheError
 
     cache = make_cache()
@@ -134,7 +136,7 @@ def test_full_prefill_of_a_prompts_tokens_is_the_uncached_prompt(make_cache):
     cache.load_schema(SCHEMA)
     plan = cache.plan(PROMPTS[2])
     uncached = prompt_logits(cache, PROMPTS[2], use_cache=False)
-    with cache.full_prefill(plan.tokens) as prefilled:
+    with cache.full_prefill(plan.tokens, batch_starts=[lo for lo, _ in plan.calls]) as prefilled:
         assert prefilled.end == len(plan.tokens)
         assert prefilled.positions() == list(range(len(plan.tokens)))
         assert prefilled.logits().tobytes() == uncached.tobytes()

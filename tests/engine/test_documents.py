@@ -388,6 +388,10 @@ def test_bad_documents_are_refused_with_the_fix(cache_with_store):
         cache.add_document("   ")
     with pytest.raises(DocumentError, match="split the document or raise n_ctx"):
         cache.add_document("word " * 400, name="long")
+    # A system message that fills the prompt alone is named as the problem, not the document.
+    with pytest.raises(DocumentError, match=r"the system message of document short is \d+ tokens .* no room is "
+                                            "left for the document; shorten the system message or raise n_ctx"):
+        cache.add_document("A short text.", name="short", system="rule " * 400)
     paris = cache.add_document(PARIS, name="paris")
     with pytest.raises(DocumentError, match="already names document"):
         cache.add_document(FUJI, name="paris")
@@ -508,30 +512,18 @@ LEDGER = " ".join(f"Ledger line {i}: the harbour office received {i % 13} crates
 
 @pytest.mark.tiny_only  # about scheduling, not the model: the tiny one keeps it fast
 def test_a_prompt_runs_between_the_batches_of_a_long_document_being_added(cache_with_store):
-    import threading
-    import time
+    from tests.engine.test_scheduler import PromptDuringWork
 
     cache = cache_with_store(n_ctx=4096)
     cache.add_document(PARIS)
-    events, threads = [], []
-
-    def ask_in_another_thread():
-        cache.ask(QUESTION, documents=[document_id(PARIS)], max_tokens=3)
-        events.append("answered")
-
-    def on_progress(event):
-        events.append(("batch", event.tokens_done))
-        if not threads:  # after the first batch: a question arrives, and waits for the lock
-            threads.append(threading.Thread(target=ask_in_another_thread))
-            threads[0].start()
-            time.sleep(0.3)
-
-    cache.add_document(LEDGER, name="ledger", progress=on_progress)
-    threads[0].join(timeout=60)
+    # After the first batch a question arrives from another thread, and waits for the lock.
+    during = PromptDuringWork(cache, lambda: cache.stream_ask(QUESTION, documents=[document_id(PARIS)], max_tokens=3))
+    cache.add_document(LEDGER, name="ledger", progress=lambda event: during.step(("batch", event.tokens_done)))
+    events = during.finish()
     batches = [e for e in events if e != "answered"]
-    assert len(batches) >= 4 and "answered" in events
-    # Holding the lock for the whole document, the question was answered after its last batch.
-    assert events.index("answered") < len(events) - 1, events
+    assert len(batches) >= 4, events
+    # Noted at the first batch after the answer: holding the lock for the whole document, there was none.
+    assert "answered" in events, events
 
 
 @pytest.mark.tiny_only

@@ -18,14 +18,14 @@ def positions(blob) -> list[int]:
 
 
 def test_a_question_prefilled_without_the_cache_is_the_full_prefill_of_its_tokens(make_cache):
-    # use_cache=False computes the prefix, then the question, as the baseline of `ask` does.
+    # use_cache=False computes the preamble, each document, then the question, as the baseline of `ask` does.
     cache = make_cache(store=False)
     ids = [cache.add_document(PARIS), cache.add_document(FUJI)]
     prompt = cache.document_prompt(QUESTION, [PARIS, FUJI])
     with cache.prefilled_ask(QUESTION, documents=ids, use_cache=False) as baseline:
         logits = baseline.logits()
         assert baseline.end == prompt.end and baseline.positions() == list(range(prompt.end))
-    with cache.full_prefill(prompt.tokens, batch_starts=[prompt.tail_start]) as full:
+    with cache.full_prefill(prompt.tokens, batch_starts=[*prompt.prefix_cuts, prompt.tail_start]) as full:
         assert np.array_equal(logits, full.logits())
     answer = cache.ask(QUESTION, documents=ids, max_tokens=1, use_cache=False)
     assert answer.token_ids[0] == int(np.argmax(logits))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import pytest
 
 from pc_cpu.errors import ContextOverflowError
+
+WAIT_S = 120  # a deadline for what takes seconds at most: generous for a loaded machine, and a failure, not a hang
 
 DOC = "The archive keeps letters, maps and ledgers from the old harbour office. " * 6
 SCHEMA = f'<schema name="s"><module name="doc">{DOC}</module><module name="extra">More notes.</module></schema>'
@@ -27,11 +30,12 @@ def run_in_threads(fn, items):
         except Exception as exc:  # surfaced by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i, item)) for i, item in enumerate(items)]
+    threads = [threading.Thread(target=work, args=(i, item), daemon=True) for i, item in enumerate(items)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=WAIT_S)
+        assert not t.is_alive(), f"a prompt was not answered within {WAIT_S} s"
     assert not errors, errors
     return results
 
@@ -73,13 +77,14 @@ def test_closing_a_stream_frees_its_slot_for_the_next_prompt(make_cache):
     cache.load_schema(SCHEMA)
     stream = cache.stream(prompt(QUESTIONS[0]), max_tokens=500)
     next(iter(stream))
-    stream.close()
+    with cache.lock:  # between two of its steps, so that the count below is the last it decoded
+        stream.close()
+        decoded = cache.scheduler.stats.tokens
     result = cache.generate(prompt(QUESTIONS[1]), max_tokens=4)
     assert len(result.token_ids) == 4
-    deadline = time.time() + 10
-    while cache.scheduler.active and time.time() < deadline:
-        time.sleep(0.01)
-    assert cache.scheduler.active == 0
+    # Only the next prompt's tokens were decoded since (its first one comes from its prefill).
+    assert cache.scheduler.stats.tokens == decoded + len(result.token_ids) - 1
+    assert cache.wait_idle(timeout=WAIT_S) and cache.scheduler.active == 0
 
 
 def test_loading_a_schema_while_prompts_run(make_cache):
@@ -112,30 +117,73 @@ def test_requests_wait_for_a_free_slot_and_then_run(make_cache):
     assert cache.scheduler.stats.max_batch == 2
 
 
-def events_while_loading(cache, schema_pml: str, counts) -> list:
-    """Returns what happened while `schema_pml` loaded: progress steps and, once, "answered".
+class PromptDuringWork:
+    """A prompt sent from another thread while long work holds cache.lock; `events` shows when it was answered.
 
-    After the first progress event that `counts` picks, a prompt arrives from another thread and
-    waits for the lock; "answered" lands among the steps when loading gives way to it, last when not.
+    Call `step(event)` from the work's progress callback, which runs holding the lock between two
+    of its steps. The first call sends the prompt and returns once its thread waits for the lock.
+    Each later one notes "answered" before the event if the prompt has ended since, and otherwise
+    returns once some thread waits for the lock (the prompt's, or the scheduler's running it): when
+    the work then gives way, someone is there to take it, however slow the machine. A sleep
+    instead only made that likely, and lost the race on a loaded machine.
     """
-    events, threads = [], []
 
-    def answer():
-        cache.generate(prompt(QUESTIONS[0]), max_tokens=3)
-        events.append("answered")
+    def __init__(self, cache, send: Callable[[], object]):
+        self._cache, self._send = cache, send  # send() returns the prompt's Stream once the scheduler has it
+        self.events: list = []
+        self._sent = threading.Event()  # set holding the lock: the scheduler cannot have run the prompt before it
+        self._thread: threading.Thread | None = None
+        self._raised: list[BaseException] = []
+
+    def step(self, event) -> None:
+        lock = self._cache.lock
+        if self._thread is None:
+            before = lock.waiting
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+            assert lock.wait_for_waiters(before + 1, WAIT_S), f"the prompt did not ask for the lock within {WAIT_S} s"
+        elif "answered" not in self.events:
+            # Neither can change until this thread gives way: the prompt is sent, and run, under the lock.
+            queue = self._cache.scheduler.queue_stats()
+            if self._sent.is_set() and not (queue.active or queue.waiting):
+                self.events.append("answered")
+            else:
+                assert lock.wait_for_waiters(1, WAIT_S), f"nobody asked for the lock within {WAIT_S} s"
+        self.events.append(event)
+
+    def _run(self) -> None:
+        try:
+            with self._cache.lock:  # taken again inside send(), which a FairLock allows
+                try:
+                    stream = self._send()
+                finally:
+                    self._sent.set()
+            "".join(stream)
+        except BaseException as exc:  # handed to the test's thread by finish()
+            self._raised.append(exc)
+
+    def finish(self) -> list:
+        """Returns `events` once the prompt's thread has ended; fails the test if it raised or did not end."""
+        assert self._thread is not None, "the work reported no step"
+        self._thread.join(timeout=WAIT_S)
+        assert not self._thread.is_alive(), f"the prompt was not answered within {WAIT_S} s"
+        assert not self._raised, self._raised
+        return self.events
+
+
+def events_while_loading(cache, schema_pml: str, counts) -> list:
+    """Returns what happened while `schema_pml` loaded: progress steps and, once, "answered" (PromptDuringWork).
+
+    After the first progress event that `counts` picks, a prompt arrives from another thread.
+    """
+    during = PromptDuringWork(cache, lambda: cache.stream(prompt(QUESTIONS[0]), max_tokens=3))
 
     def on_progress(event):
-        if event.finished or not counts(event):
-            return
-        events.append((event.modules_done, event.tokens_done))
-        if not threads:
-            threads.append(threading.Thread(target=answer))
-            threads[0].start()
-            time.sleep(0.3)
+        if not event.finished and counts(event):
+            during.step((event.modules_done, event.tokens_done))
 
     cache.load_schema(schema_pml, progress=on_progress)
-    threads[0].join(timeout=60)
-    return events
+    return during.finish()
 
 
 @pytest.mark.tiny_only  # about scheduling, not the model
@@ -144,7 +192,8 @@ def test_a_prompt_runs_between_the_modules_of_a_schema_being_loaded(make_cache):
     cache.load_schema(SCHEMA)
     many = "".join(f'<module name="m{i}">{DOC}</module>' for i in range(6))
     events = events_while_loading(cache, f'<schema name="big">{many}</schema>', lambda e: e.modules_done > 0)
-    assert "answered" in events and events.index("answered") < len(events) - 1, events
+    # Noted at the first step after the answer: holding the lock for the whole load, there was none.
+    assert "answered" in events, events
 
 
 @pytest.mark.tiny_only  # about scheduling, not the model
@@ -154,20 +203,23 @@ def test_give_way_lets_running_prompts_finish_not_just_take_one_step(make_cache)
     cache = make_cache(parallel=2)
     cache.load_schema(SCHEMA)
     results = []
-    thread = threading.Thread(target=lambda: results.append(cache.generate(prompt(QUESTIONS[0]), max_tokens=300)))
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not cache.scheduler.active and time.monotonic() < deadline:
-        time.sleep(0.001)
-    with cache.lock:  # taken between two of its steps
+    thread = threading.Thread(target=lambda: results.append(cache.generate(prompt(QUESTIONS[0]), max_tokens=300)),
+                              daemon=True)
+    with cache.lock:
+        # The prompt is let in one turn at a time, so that it has started, and is far from done, when we give way.
+        thread.start()
+        assert cache.lock.wait_for_waiters(1, WAIT_S)  # its caller, to plan it
+        cache.lock.yield_turn()
+        assert cache.lock.wait_for_waiters(1, WAIT_S)  # the scheduler, to start it
+        cache.lock.yield_turn()
         assert cache.scheduler.active and not results
         started = time.monotonic()
-        cache.scheduler.give_way(30.0)
+        cache.scheduler.give_way(WAIT_S)
         waited = time.monotonic() - started
         assert not cache.scheduler.active  # it ran to its end while we gave way...
-        thread.join(timeout=10)  # ...so its caller needs no more turns (a live request would hang here)
+        thread.join(timeout=WAIT_S)  # ...so its caller needs no more turns (a live request would hang here)
         assert results and len(results[0].token_ids) == 300
-    assert waited < 30
+    assert waited < WAIT_S  # given way until the prompt ended, not until the deadline
 
 
 @pytest.mark.tiny_only  # about scheduling, not the model
@@ -178,8 +230,8 @@ def test_a_prompt_runs_between_the_batches_of_one_long_module_being_loaded(make_
     events = events_while_loading(cache, f'<schema name="big"><module name="ledger">{long}</module></schema>',
                                   lambda e: True)
     batches = [e for e in events if e != "answered"]
-    assert len(batches) >= 3 and "answered" in events, events
-    assert events.index("answered") < len(events) - 1, events  # before the module's last batch
+    assert len(batches) >= 3, events
+    assert "answered" in events, events  # noted at a batch after the answer: before the module's last one
 
 
 @pytest.mark.tiny_only  # about cancelling, not the model

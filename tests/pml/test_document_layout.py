@@ -73,6 +73,14 @@ def test_the_first_document_of_a_prompt_is_encoded_after_the_preamble_alone():
     assert all(d.after == () for d in layout_documents((1,), [("a", (3,)), ("b", (5,))], (6,)).documents)
 
 
+def test_the_prefix_is_computed_in_a_call_for_the_preamble_and_one_for_each_document():
+    # The calls a first document at its home was computed in: its preamble's, then its own.
+    prompt = layout_documents((1, 2), [("a", (3, 4)), ("b", (5,))], (6,))
+    assert prompt.prefix_cuts == (0, 2, 4) and prompt.tail_start == 5
+    assert layout_documents((), [("a", (3, 4))], (6,)).prefix_cuts == (0,)  # no preamble: the document alone
+    assert layout_documents((1, 2), [], (6,)).prefix_cuts == (0,)
+
+
 def test_an_unknown_encoding_names_the_ones_there_are():
     assert check_encoding("library") == "library"
     with pytest.raises(DocumentError, match="library, preamble"):

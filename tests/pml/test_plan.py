@@ -291,8 +291,10 @@ def test_all_cached_prompt_recomputes_its_last_token(tok):
                    tokenizer=tok)
 
     assert steps(tok, plan) == [("copy", ROOT, 0, ["<bos>"]), ("copy", "a", 1, ["A1"]), ("decode", 2, ["A2"])]
-    assert plan.ops[-1] == DecodeTokens(2, plan.ops[-1].tokens, "last token of module 'a'")
+    assert plan.ops[-1] == DecodeTokens(2, plan.ops[-1].tokens, "last token of module 'a'", recomputes="a")
     assert (plan.cached_tokens, plan.uncached_tokens, plan.end) == (2, 1, 3)
+    # The baseline computes `a` whole, as its encoding did, then its last token again, as the prompt does.
+    assert plan.calls == ((0, 1), (1, 3), (2, 3))
 
 
 def test_all_cached_one_token_module_becomes_one_decode(tok):
@@ -349,6 +351,11 @@ def test_importing_every_scaffold_member_shares_the_joint_encoding(tok):
     assert plan.ops[1].encoding == "scaffold:both"
 
 
+def test_a_scaffold_s_members_are_one_call_of_the_baseline_and_its_other_modules_one_each(tok):
+    assert scaffold_plan('<a/><b><c/></b>Q', tok).calls == ((0, 3), (3, 7), (7, 8))
+    assert scaffold_plan('<a/><b/><d/>Q', tok).calls == ((0, 3), (3, 5), (5, 6), (6, 7), (7, 8))
+
+
 def test_importing_a_scaffold_by_name_imports_all_its_members(tok):
     assert steps(tok, scaffold_plan('<both/>Q', tok)) == steps(tok, scaffold_plan('<a/><b><c/></b>Q', tok))
     assert scaffold_plan('<both/>Q').modules == (ROOT, "a", "b", "c")
@@ -371,6 +378,7 @@ def test_all_cached_scaffold_recomputes_its_last_token(tok):
 
     assert steps(tok, plan)[-2:] == [("copy", "b", 5, ["B"], "scaffold:both"), ("decode", 6, ["C"])]
     assert plan.ops[-1].what == "last token of module 'c'"
+    assert plan.calls == ((0, 3), (3, 7), (6, 7))  # the joint encoding's one call, then c again
 
 
 def test_scaffold_import_takes_no_arguments():

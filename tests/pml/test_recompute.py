@@ -127,3 +127,16 @@ def test_relevant_does_nothing_without_prompt_text(tok):
     layout = layout_of(DOCS3, tok)
     plan = plan_of(layout, '<prompt schema="q"><fruit/><boats/></prompt>', tok, recompute=parse_policy("relevant:1"))
     assert plan.cached_tokens == plan_of(layout, '<prompt schema="q"><fruit/><boats/></prompt>', tok).cached_tokens
+
+
+def test_the_baseline_computes_a_module_whole_then_its_recomputed_tail_again(tok):
+    layout = layout_of(SCHEMA, tok)
+    plan = plan_of(layout, PROMPT, tok, recompute=parse_policy("tail:2"))
+    a, b = layout.modules["a"], layout.modules["b"]
+    index = {p: i for i, p in enumerate(plan.positions)}
+    # Each module's encoding computed it in one call; the prompt then computes its last 2 tokens again.
+    assert (index[a.start], index[a.end - 1] + 1) in plan.calls
+    assert (index[a.end - 2], index[a.end - 1] + 1) in plan.calls
+    assert (index[b.start], index[b.end - 1] + 1) in plan.calls
+    assert (index[b.end - 2], index[b.end - 1] + 1) in plan.calls
+    assert plan.calls[-1][1] == len(plan.tokens)

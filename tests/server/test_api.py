@@ -18,6 +18,16 @@ def test_health_and_models_name_the_loaded_gguf(client, server_cache):
     assert [m["id"] for m in models["data"]] == [server_cache.model.path.name] == [health["model"]]
 
 
+def test_stats_report_the_caches_tiers_queues_memory_and_the_process(client, server_cache):
+    stats = client.get("/v1/stats").json()
+    assert stats["object"] == "stats" and stats["schemas"] == len(server_cache.schema_names)
+    assert stats["tiers"]["ram"]["budget_bytes"] == server_cache.store.tier("ram").budget_bytes
+    assert set(stats["queues"]) == {"active", "waiting", "held_streams", "idle_tasks"}
+    assert stats["memory"] == server_cache.memory().to_dict()
+    process = stats["process"]
+    assert process["rss_bytes"] > stats["memory"]["kv"] and process["open_files"] > 0 and process["threads"] > 1
+
+
 def test_schemas_register_list_and_delete(client):
     pml = '<schema name="extra"><module name="a">First part.</module><module name="b">Second.</module></schema>'
     created = client.post("/v1/schemas", json={"pml": pml})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -13,12 +12,21 @@ from pc_cpu.errors import PromptCacheError
 from pc_cpu.server.feed import Done, Failed, Feed, Text
 
 
-class FakeStream:
-    """Yields `pieces` and records the threads that iterated and closed it."""
+WAIT_S = 60  # a deadline for what takes milliseconds, generous for a loaded machine
 
-    def __init__(self, pieces, error=None, delay_s=0.0):
+
+class FakeStream:
+    """Yields `pieces` and records the threads that iterated and closed it.
+
+    With `gate`, every piece after the first is asked for (`asked` is set) and then served only
+    once the gate is set: the test decides what is in flight when it cancels, rather than racing
+    the worker.
+    """
+
+    def __init__(self, pieces, error=None, gate: threading.Event | None = None):
         self._pieces = iter(pieces)
-        self._delay_s = delay_s
+        self._gate = gate
+        self.asked = threading.Event()
         self.served = 0
         self._error = error
         self.result = None
@@ -32,7 +40,10 @@ class FakeStream:
         self.threads.add(threading.get_ident())
         if self._error is not None:
             raise self._error
-        time.sleep(self._delay_s)
+        if self._gate is not None and self.served:
+            self.asked.set()
+            if not self._gate.wait(WAIT_S):
+                raise TimeoutError(f"the test did not open the gate within {WAIT_S} s")
         try:
             piece = next(self._pieces)
             self.served += 1
@@ -61,7 +72,7 @@ class Harness:
         async def collect():
             events = []
             while len(events) < limit:
-                events.append(await feed.next(timeout=5))
+                events.append(await feed.next(timeout=WAIT_S))
                 if not isinstance(events[-1], Text):
                     break
             return events
@@ -83,7 +94,7 @@ def test_pieces_then_done_and_the_stream_is_closed_in_the_thread_that_iterated_i
     stream = FakeStream(["a", "b"])
     feed = harness.start(stream)
     assert harness.events(feed) == [Text("a"), Text("b"), Done("the result")]
-    assert feed.finished.wait(5) and stream.threads == {stream.closed_in}
+    assert feed.finished.wait(WAIT_S) and stream.threads == {stream.closed_in}
     assert stream.closed_in != threading.get_ident()
 
 
@@ -91,13 +102,16 @@ def test_an_error_is_handed_over_as_failed(harness):
     error = PromptCacheError("bad prompt")
     feed = harness.start(FakeStream([], error=error))
     assert harness.events(feed) == [Failed(error)]
-    assert feed.finished.wait(5)
+    assert feed.finished.wait(WAIT_S)
 
 
 def test_cancel_closes_the_stream_after_the_piece_in_flight(harness):
-    stream = FakeStream(["a"] * 1000, delay_s=0.002)
+    gate = threading.Event()
+    stream = FakeStream(["a"] * 1000, gate=gate)
     feed = harness.start(stream)
     assert harness.events(feed, limit=1) == [Text("a")]
-    feed.cancel()
-    assert feed.finished.wait(5) and stream.closed_in is not None
-    assert stream.served < 100
+    assert stream.asked.wait(WAIT_S)
+    feed.cancel()  # while the second piece is in flight (held at the gate)
+    gate.set()
+    assert feed.finished.wait(WAIT_S) and stream.closed_in is not None
+    assert stream.served == 2

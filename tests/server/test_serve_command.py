@@ -16,6 +16,8 @@ from click.testing import CliRunner
 from pc_cpu.cli import cli, main
 from tests.server.conftest import DOC_PROMPT, DOC_SCHEMA
 
+WAIT_S = 120  # a deadline for what takes seconds: generous for a loaded machine
+
 
 def test_serve_help_needs_no_model():
     result = CliRunner().invoke(cli, ["serve", "--help"])
@@ -77,26 +79,39 @@ def test_serve_answers_over_http_and_stops_on_ctrl_c(tiny_model_path, tmp_path):
     env = {**os.environ, "PC_CPU_API_KEY": " from-the-environment "}  # spaces around it are stripped
     process = subprocess.Popen([sys.executable, "-m", "pc_cpu.cli", "serve", "--port", str(port), "--schema",
                                 str(schema), "--model", str(tiny_model_path), "--threads", "2", "--n-ctx", "512",
-                                "--store", str(tmp_path / "store")],
+                                "--store", str(tmp_path / "store"), "--parallel", "2", "--ram-bytes", "64M",
+                                "--disk-bytes", "1G"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + WAIT_S  # it imports, loads the model and the schema first
         while True:
             try:
-                health = httpx.get(base + "/health", timeout=1).json()
+                health = httpx.get(base + "/health", timeout=WAIT_S).json()
                 break
             except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+                if process.poll() is not None:
+                    pytest.fail(f"pc-cpu serve exited with {process.returncode} before it served\n"
+                                f"{process.stderr.read()}")
+                assert time.monotonic() < deadline, f"pc-cpu serve did not answer /health within {WAIT_S} s"
                 time.sleep(0.1)
         assert health["schemas"] == ["s"]
         request = {"prompt": DOC_PROMPT, "max_tokens": 3}
-        assert httpx.post(base + "/v1/completions", json=request, timeout=10).status_code == 401
-        answer = httpx.post(base + "/v1/completions", json=request, timeout=10,
+        assert httpx.post(base + "/v1/completions", json=request, timeout=WAIT_S).status_code == 401
+        answer = httpx.post(base + "/v1/completions", json=request, timeout=WAIT_S,
                             headers={"Authorization": "Bearer from-the-environment"})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+        stats = httpx.get(base + "/v1/stats", timeout=WAIT_S, headers={"Authorization": "Bearer from-the-environment"})
+        memory, tiers = stats.json()["memory"], stats.json()["tiers"]
+        assert memory["streams"] == 1 + 2 + 2 and memory["ram_tier"] == 64 << 20  # the memory knobs reached the cache
+        assert (tiers["ram"]["budget_bytes"], tiers["disk"]["budget_bytes"]) == (64 << 20, 1 << 30)
     finally:
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=20)
+        try:
+            _, err = process.communicate(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()  # this test's own server, by its handle
+            process.communicate()
+            raise
     assert process.returncode == 0, err
     assert "loaded schema 's': " in err and f"http://127.0.0.1:{port}" in err

@@ -464,14 +464,16 @@ def test_get_of_a_bad_file_it_cannot_delete_warns_once_and_says_so(store_dir, re
 
 def test_a_write_killed_mid_way_leaves_an_orphan_that_verify_lists_and_deletes(store_dir):
     writer = textwrap.dedent("""
-        import os, sys, time
+        import os, sys
         from pc_cpu.store.disk import DiskStore
         from tests.store.conftest import blob_entry, key
-        os.fsync = lambda fd: (print("writing", flush=True), time.sleep(120))
+        # A hung disk: fsync returns when the test closes stdin (or dies), not after some time a slow machine outlasts.
+        os.fsync = lambda fd: (print("writing", flush=True), sys.stdin.read())
         DiskStore(sys.argv[1]).put(key("a"), blob_entry(1000))
     """)
     root = pathlib.Path(__file__).resolve().parents[2]
-    child = subprocess.Popen([sys.executable, "-c", writer, str(store_dir)], cwd=root, stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", writer, str(store_dir)], cwd=root, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline().strip() == b"writing"
         (temp,) = [p for p in store_dir.iterdir() if p.name.endswith(".tmp")]
@@ -479,6 +481,7 @@ def test_a_write_killed_mid_way_leaves_an_orphan_that_verify_lists_and_deletes(s
     finally:
         child.kill()  # kill -9
         child.wait()
+        child.stdin.close()
         child.stdout.close()
     disk = DiskStore(store_dir)
     assert disk.bytes_used == temp.stat().st_size  # counted against the budget from the open on
@@ -496,6 +499,18 @@ def test_orphans_are_told_from_live_writes(store_dir):
     temp_file(store_dir, "live", pid=os.getpid())
     temp_file(store_dir, "freshunnamed")  # no pid to ask, and young: may be a write in progress
     assert {bad.path.name for bad in DiskStore(store_dir).verify()} == orphans
+
+
+def test_a_store_checked_writable_deletes_what_killed_writers_left_and_nothing_else(store_dir):
+    DiskStore(store_dir).put(key("a"), blob_entry(PAYLOAD))
+    orphan = temp_file(store_dir, "x", pid=gone_pid())
+    live = temp_file(store_dir, "live", pid=os.getpid())  # a write in progress
+    assert [bad.path for bad in DiskStore(store_dir).verify()] == [orphan]  # opening deletes nothing
+    disk = DiskStore(store_dir)
+    disk.check_writable()  # as a cache opening the store, after a crash: it will write, so it cleans up
+    assert not orphan.exists() and live.exists()
+    assert disk.verify() == [] and DiskStore(store_dir).verify() == []
+    assert [name_of(k) for k in disk.keys()] == ["a"] and disk.bytes_used == file_size(key("a"), blob_entry(PAYLOAD))
 
 
 def test_orphans_count_against_the_budget_and_go_before_any_entry(store_dir):

@@ -13,6 +13,7 @@ from pc_cpu.errors import DocumentError, PromptCacheError
 from pc_cpu.store import file_lock
 from pc_cpu.store.atomic import ORPHAN_AGE_S
 from pc_cpu.store.document_library import MAX_NAMES_PER_DOCUMENT, DocumentLibrary
+from tests.store.test_disk import gone_pid
 
 ROUNDS = MAX_NAMES_PER_DOCUMENT  # a text that wins every round of _claim_names then has every name it may have
 CONTEXT = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -105,6 +106,20 @@ def test_verify_lists_orphans_and_unreadable_files_and_deletes_only_when_asked(t
     assert broken.exists() and old.exists()
     assert {(bad.path, bad.deleted) for bad in library.verify(delete=True)} == {(broken, True), (old, True)}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".lock", live.name, "doc-a.json"])
+
+
+def test_delete_orphans_deletes_what_killed_writers_left_and_nothing_else(tmp_path):
+    library = DocumentLibrary(tmp_path)
+    library.add("doc-a", "text a", "a")
+    orphan = tmp_path / f".doc-b.{gone_pid()}.k3x9q2zw.tmp"  # a process killed while writing doc-b's file
+    orphan.write_text('{"id": "doc-b", "te')
+    live = tmp_path / f".doc-c.{os.getpid()}.k3x9q2zw.tmp"  # this process is writing it
+    live.write_text("{}")
+    assert [bad.path for bad in DocumentLibrary(tmp_path).verify()] == [orphan]  # opening deletes nothing
+    assert library.delete_orphans() == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".lock", live.name, "doc-a.json"])
+    assert library.verify() == [] and [doc.id for doc in DocumentLibrary(tmp_path).all()] == ["doc-a"]
+    assert DocumentLibrary(None).delete_orphans() == 0
 
 
 # --- limits: what one client can make the library hold (and every listing return) ---
