@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from pc_cpu import document_settings
+from pc_cpu.allocator import map_large_blocks_apart
 from pc_cpu.documents import Documents
 from pc_cpu.engine.blend import Blender, LazyBlender
 from pc_cpu.engine.cell_store import CellStore
@@ -132,6 +133,7 @@ class PromptCache:
         """
         self.encoding = check_mode(encoding)
         check_max_documents(max_documents)  # before the model loads: a mistake fails fast
+        map_large_blocks_apart()  # freed blobs of cells go back to the OS (pc_cpu.allocator)
         roles = SequenceRoles.for_contexts(parallel, n_seq_max)  # before the model loads, too
         self.model, self._ctx, self._prompts = _open_contexts(
             Model(resolve_model_path(model), verbose=verbose), roles,
