@@ -14,6 +14,8 @@ bounded by a budget; nothing else grows with the hours it runs (bench/soak.py ho
 - the RAM tier, up to its budget;
 - the interpreter and its libraries (Python, numpy, llama.cpp, and the server's), measured when
   the process starts.
+
+Freed blobs of cells go back to the OS rather than to malloc's arenas (pc_cpu.allocator).
 """
 
 from __future__ import annotations
