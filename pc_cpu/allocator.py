@@ -41,7 +41,7 @@ def map_large_blocks_apart(threshold: int | None = None) -> int:
     if _applied == wanted:
         return wanted
     if wanted <= 0 or platform.libc_ver()[0] != "glibc":
-        return 0
+        return _applied or 0  # mallopt cannot be undone: a threshold set earlier stays in force
     libc = ctypes.CDLL(None)  # the process's own C library
     if libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(wanted)) != 1:
         return 0  # glibc refuses thresholds above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
