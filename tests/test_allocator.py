@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from pc_cpu import allocator
 from pc_cpu.allocator import map_large_blocks_apart
 from pc_cpu.errors import ConfigError
 
@@ -16,7 +17,8 @@ MiB = 1 << 20
 # followed by a block that stays (as the RAM tier's entries sit between other objects), are freed.
 CHILD = textwrap.dedent("""
     import sys
-    from pc_cpu.allocator import map_large_blocks_apart
+    from pc_cpu import allocator
+from pc_cpu.allocator import map_large_blocks_apart
 
     def rss():
         for line in open("/proc/self/status"):
@@ -61,8 +63,15 @@ def test_without_it_glibc_keeps_the_freed_blobs():
 
 
 def test_zero_leaves_malloc_as_it_is(monkeypatch):
+    monkeypatch.setattr(allocator, "_applied", None)  # as in a process where no PromptCache has opened
     monkeypatch.setenv("PC_CPU_MMAP_THRESHOLD", "0")
     assert map_large_blocks_apart() == 0
+
+
+def test_zero_after_a_threshold_was_set_reports_the_one_in_force(monkeypatch):
+    monkeypatch.setattr(allocator, "_applied", 1 << 20)
+    monkeypatch.setenv("PC_CPU_MMAP_THRESHOLD", "0")
+    assert map_large_blocks_apart() == 1 << 20
 
 
 def test_a_threshold_that_is_not_a_number_names_the_variable(monkeypatch):
