@@ -17,8 +17,7 @@ MiB = 1 << 20
 # followed by a block that stays (as the RAM tier's entries sit between other objects), are freed.
 CHILD = textwrap.dedent("""
     import sys
-    from pc_cpu import allocator
-from pc_cpu.allocator import map_large_blocks_apart
+    from pc_cpu.allocator import map_large_blocks_apart
 
     def rss():
         for line in open("/proc/self/status"):
