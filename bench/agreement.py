@@ -30,7 +30,7 @@ import numpy as np
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import load_nq
-from pc_cpu.engine.extra_buffers import llama_peer
+from pc_cpu.engine.llama.extra_buffers import llama_peer
 from pc_cpu.benchmarks.prompts import document_text
 from pc_cpu.pml.text import escape_text
 from pc_cpu.model_path import resolve_model_path

@@ -4,7 +4,7 @@ APE (Yang, Chen, Chen, ICLR 2025) divides the attention logits of parallel-encod
 temperature. A logit is q·k, so scaling the cached K of every document cell by s is a temperature
 of 1/s on those cells alone; RoPE is linear, so the scale commutes with the rotation. This script
 scales the K rows of the document cells in the blob `ask` restores (the preamble's and the
-question's cells are untouched), through a patch of pc_cpu.engine.document_cells, and scores NQ
+question's cells are untouched), through a patch of pc_cpu.engine.prompts.document_cells, and scores NQ
 answers against the full prefill of the same tokens, paired. Tuning data only: NQ questions whose
 line in the file is even (the odd ones are kept for reporting, as in `pc-cpu bench documents accuracy`).
 
@@ -27,7 +27,7 @@ from pc_cpu import PromptCache
 from pc_cpu.benchmarks.documents import SYSTEM, correct, passage_text
 from pc_cpu.benchmarks.evaldata import doc_items, load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
-from pc_cpu.engine import document_cells
+from pc_cpu.engine.prompts import document_cells
 from pc_cpu.kvstate import state_blob
 
 F16 = 1  # ggml type id

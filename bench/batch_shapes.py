@@ -19,9 +19,9 @@ import json
 
 import numpy as np
 
-from pc_cpu.engine.context import Context, ContextConfig
-from pc_cpu.engine.extra_buffers import decide, system_info
-from pc_cpu.engine.model import Model
+from pc_cpu.engine.llama.context import Context, ContextConfig
+from pc_cpu.engine.llama.extra_buffers import decide, system_info
+from pc_cpu.engine.llama.model import Model
 from pc_cpu.model_path import resolve_model_path
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, trimmed the wick, polished "

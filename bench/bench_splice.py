@@ -56,7 +56,7 @@ def encode_modules(n_tokens: int, n_modules: int, flash_attn: bool) -> tuple[lis
 
     quiet = L.llama_log_callback(lambda level, text, user: None)
     L.llama_log_set(quiet, ctypes.c_void_p(0))
-    from pc_cpu.engine.extra_buffers import model_params
+    from pc_cpu.engine.llama.extra_buffers import model_params
 
     mp = model_params()  # AMX only where it survives on this CPU, as pc_cpu loads models
     mp.n_gpu_layers = 0

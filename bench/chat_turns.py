@@ -184,7 +184,7 @@ class LlamaPeer:
     def __init__(self, path: str, n_ctx: int, threads: int, flash_attn: bool):
         import llama_cpp.llama_chat_format as chat_format  # the peer, used as its users do
 
-        from pc_cpu.engine.extra_buffers import (
+        from pc_cpu.engine.llama.extra_buffers import (
             llama_peer,  # loaded as pc_cpu loads models, for a like comparison
         )
 

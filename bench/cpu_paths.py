@@ -82,7 +82,7 @@ def main() -> None:
     if args.what in ("threads", "both"):
         # 0: pc_cpu's default (every core for batches, half of them for one-token decodes)
         settings += [(load, t, "auto", "default") for load in ("idle", "busy") for t in sorted({1, cores}) + [0]]
-    if args.what == "flash-attn":  # "default": pc_cpu.engine.context.default_flash_attn (off but on sliding windows)
+    if args.what == "flash-attn":  # "default": pc_cpu.engine.llama.context.default_flash_attn (off but on sliding windows)
         settings += [("idle", 0, "auto", "on"), ("idle", 0, "auto", "default")]
     results: dict[tuple, list[dict]] = {s: [] for s in settings}
     for _ in range(args.repeats):

@@ -11,7 +11,7 @@ machine can run several of those paths, so this runs the tests that hold the pro
 - `avx2`: llama-cpp-python built without AVX-512 or AMX (GGML_NATIVE=OFF with AVX2, FMA, F16C:
   a laptop's kernels), once, from the sdist of the pinned version, into --build-dir;
 
-each with extra buffers off and, where the build and CPU allow them (pc_cpu.engine.extra_buffers:
+each with extra buffers off and, where the build and CPU allow them (pc_cpu.engine.llama.extra_buffers:
 no AMX compiled, or the AMX check passed), on: weights repacked into interleaved tiles. A path the
 CPU cannot run is reported as skipped, with the reason.
 
@@ -55,7 +55,7 @@ VARIANTS = {
 # What a child prints of the build it imported: its features, and the extra-buffer decision for `on`.
 PROBE = """
 import json, os
-from pc_cpu.engine import extra_buffers
+from pc_cpu.engine.llama import extra_buffers
 info = extra_buffers.system_info()
 on = extra_buffers.decide({"PC_CPU_EXTRA_BUFFERS": "auto"})
 features = " ".join(f.split(":")[-1].split("=")[0].strip() for f in info.split("|") if f.strip().endswith("= 1"))

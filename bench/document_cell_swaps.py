@@ -43,7 +43,7 @@ import numpy as np
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.document_accuracy import questions
 from pc_cpu.benchmarks.documents import correct
-from pc_cpu.engine.document_cells import SavedCells
+from pc_cpu.engine.prompts.document_cells import SavedCells
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.state_blob import graft_cells, layer_kv, section_layers
 

@@ -5,7 +5,7 @@
 Adds the documents of the first n even-line NQ items (after each item's system message, so that
 questions restore them), then asks each item with each policy and with the full prefill, one answer
 token, prefix="off", and prints every call's time, count and tokens. Each call of
-pc_cpu.engine.context.Context is wrapped with a timer here, not in the library: the bench alone pays for it.
+pc_cpu.engine.llama.context.Context is wrapped with a timer here, not in the library: the bench alone pays for it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.document_accuracy import questions
-from pc_cpu.engine.context import Context
+from pc_cpu.engine.llama.context import Context
 
 CALLS = ("decode", "decode_each", "state_get", "state_set", "state_get_reusing", "seq_rm", "seq_cp", "seq_add")
 seconds: collections.Counter = collections.Counter()

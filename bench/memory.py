@@ -37,7 +37,7 @@ STEPS = ("idle", "1 conversation", "4 conversations", "8 conversations", "10 doc
 PEER = """
 import sys
 import llama_cpp
-from pc_cpu.engine.extra_buffers import model_params
+from pc_cpu.engine.llama.extra_buffers import model_params
 llama_cpp.llama_cpp.llama_model_default_params = model_params
 from llama_cpp.server.__main__ import main
 sys.argv = ["llama_cpp.server", *sys.argv[1:]]

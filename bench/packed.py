@@ -5,7 +5,7 @@ ask a short question:
 
 - in_order: in schema order, nothing moved (the modules' own resident cells);
 - moved_relocator: in reverse order, every module but the one at the preamble moved,
-  its private copy re-rotated by the C relocator (pc_cpu.engine.relocate.copy_moved);
+  its private copy re-rotated by the C relocator (pc_cpu.engine.cells.relocate.copy_moved);
 - moved_seq_add: the same prompt, the copies moved by llama.cpp's seq_add instead
   (the path sliding-window models took before the relocator knew their second RoPE);
 - full_prefill: the same tokens as the moved prompt, nothing cached.

@@ -9,7 +9,7 @@ the documents' cells already in RAM, so no encoding is timed):
 - none: nothing computed again (the floor: restore and the question);
 
 each through the old path (every run decoded alone in the workspace stream, the state read back
-after it, cached pieces cut by llama.cpp round trips) and the new one (pc_cpu.engine.recompute_pass:
+after it, cached pieces cut by llama.cpp round trips) and the new one (pc_cpu.engine.recompute.recompute_pass:
 all runs in one decode in the library context; one run keeps the stream path, so `run80 new` is the
 stream path; `run80 lib` forces the one-pass code on it, for comparison). Settings alternate within
 each repeat; medians reported. Then one build of each is timed by phase (the context calls).
@@ -27,8 +27,8 @@ from collections import defaultdict
 from dataclasses import replace
 
 from pc_cpu import PromptCache
-from pc_cpu.engine import recompute_pass
-from pc_cpu.engine.document_prompt import DocumentWork
+from pc_cpu.engine.recompute import recompute_pass
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
 from pc_cpu.kvstate import ops
 from pc_cpu.pml.document_layout import document_tokens, layout_documents, preamble_tokens, tail_tokens
 

@@ -70,7 +70,7 @@ def test_splice_module_blobs(benchmark, pc, impl):
 def test_order_schema_prompt_in_place(benchmark, pc, impl):
     """Sorts a 32-module prompt's cells, read out of position order, in the buffer they were read into.
 
-    What pc_cpu.engine.streams.move_to_stream does to every schema prompt: library slots hold
+    What pc_cpu.engine.cells.streams.move_to_stream does to every schema prompt: library slots hold
     cells in the order they were encoded, not by position. Each round starts from the unsorted bytes.
     """
     if impl is native and not native.available():

@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="no chat markup around the question")
     parser.add_argument("--flash-attn", choices=tuple(FLASH_ATTN), default="auto",
                         help="PromptCache(flash_attn=...): auto is pc_cpu's default (off, unless the model has a "
-                             "sliding window: pc_cpu.engine.context.default_flash_attn)")
+                             "sliding window: pc_cpu.engine.llama.context.default_flash_attn)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 

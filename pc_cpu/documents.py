@@ -4,7 +4,7 @@ Four layers each hold one side of a document, and this module is the one place t
 - pc_cpu.pml.document_layout lays a question over documents out (pure: tokens and positions);
 - pc_cpu.store.document_library keeps the library of texts and names beside the disk tier, and removes
   a document with its encodings (also without a model: `pc-cpu store rm`);
-- pc_cpu.engine.document_cells finds or computes the documents' cells and assembles a prompt from them;
+- pc_cpu.engine.prompts.document_cells finds or computes the documents' cells and assembles a prompt from them;
 - this owner ties them to one model and one pair of contexts, for the façade (PromptCache's
   add_document, ask, remove_document), the CLI and the server.
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.document_cells import DocumentEncoder
-from pc_cpu.engine.recompute_pass import LibraryRoom
-from pc_cpu.engine.model import Model
-from pc_cpu.engine.probe import Probe
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.sequences import SequenceRoles
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.prompts.document_cells import DocumentEncoder
+from pc_cpu.engine.recompute.recompute_pass import LibraryRoom
+from pc_cpu.engine.llama.model import Model
+from pc_cpu.engine.recompute.probe import Probe
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.llama.sequences import SequenceRoles
 from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.pml.document_layout import (NO_TEXT, DocumentPrompt, check_encoding, check_prefix,

@@ -12,11 +12,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pc_cpu.engine.encoder import Workspace
-from pc_cpu.engine.model import Model
-from pc_cpu.engine.modules import ModuleCache
-from pc_cpu.engine.scheduler import Scheduler
-from pc_cpu.engine.turns import ContextLocks
+from pc_cpu.engine.cells.encoder import Workspace
+from pc_cpu.engine.llama.model import Model
+from pc_cpu.engine.prompts.schema_cells import ModuleCache
+from pc_cpu.engine.runtime.scheduler import Scheduler
+from pc_cpu.engine.runtime.locks import ContextLocks
 from pc_cpu.errors import CancelledError, ContextOverflowError, UnknownSchemaError
 from pc_cpu.pml.encoding import check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout

@@ -146,7 +146,7 @@ def batched_prefill_logits(cache, schema: str, prompt: str, splits: list[int]):
             cache encoded, and of the prompt's own text). Like the full prefill, tokens sit at
             positions 0..n-1, so before a module left out an index is its layout position.
     """
-    from pc_cpu.engine.streams import split_tail
+    from pc_cpu.engine.cells.streams import split_tail
 
     cache.load_schema(schema, encode=False)
     plan = cache.plan(prompt)

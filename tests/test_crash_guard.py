@@ -45,11 +45,11 @@ def test_without_the_guard_the_same_crash_is_silent():
 
 CRASH_WHILE_LOADING = """
     import ctypes, sys
-    import pc_cpu.engine.model as model
+    import pc_cpu.engine.llama.model as model
 
     def crash(self, path, **kwargs):
         from pc_cpu import crash_guard
-        from pc_cpu.engine.extra_buffers import ExtraBuffers
+        from pc_cpu.engine.llama.extra_buffers import ExtraBuffers
         crash_guard.set_message(model._crash_advice("m.gguf", ExtraBuffers(True, "AMX check passed")))
         ctypes.string_at(0)
 

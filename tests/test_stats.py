@@ -32,7 +32,7 @@ def test_stats_count_what_the_cache_holds(make_cache, tmp_path):
 
 
 def test_a_prompt_being_prefilled_counts_as_active_not_also_as_waiting(make_cache, monkeypatch):
-    from pc_cpu.engine.schema_prompt import SchemaPrompt
+    from pc_cpu.engine.prompts.schema_prompt import SchemaPrompt
 
     cache = make_cache()
     cache.load_schema(SCHEMA)

@@ -33,8 +33,8 @@ from pc_cpu import PromptCache
 from pc_cpu.benchmarks.evaldata import load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
 from pc_cpu.benchmarks.scoring import normalize_answer
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.relocate import apply_pending_shifts
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.cells.relocate import apply_pending_shifts
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.document_layout import document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import ops
@@ -131,7 +131,7 @@ def llama_peers(path: str, n_ctx: int, threads: int, token_lists: list[list[int]
     """Returns TTFT p50/p95 of the same prompts through llama-cpp-python's Llama, plain and with LlamaRAMCache."""
     import llama_cpp
 
-    from pc_cpu.engine.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
+    from pc_cpu.engine.llama.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
 
     result = {}
     for name in ("Llama", "Llama + LlamaRAMCache"):

@@ -28,7 +28,7 @@ def open_cache(model, threads: int, n_ctx: int, **options):
     prompt they ask fits the training context, and PromptCache refuses an n_ctx beyond it.
     """
     from pc_cpu import PromptCache
-    from pc_cpu.engine.model import Model
+    from pc_cpu.engine.llama.model import Model
     from pc_cpu.model_path import resolve_model_path
 
     probe = Model(resolve_model_path(model))  # mapped, not read: ~0.1 s, outside every timing
@@ -180,7 +180,7 @@ def steps(size: str) -> int:
 def run(model=None, threads: int = 2, size: str = "quick", progress: Progress | None = None) -> dict:
     """Returns every latency measurement of one size ("quick" or "full") as plain JSON-ready data."""
     cfg = SIZES[size]
-    from pc_cpu.engine.model import Model
+    from pc_cpu.engine.llama.model import Model
     from pc_cpu.model_path import resolve_model_path
 
     path = resolve_model_path(model)

@@ -50,7 +50,7 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
     """Returns TTFT stats per workload for pc_cpu (cached, baseline) and the two llama-cpp-python peers."""
     import llama_cpp  # see the module NOTE: the peer, used as its users do
 
-    from pc_cpu.engine.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
+    from pc_cpu.engine.llama.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
 
     from pc_cpu import PromptCache
     from pc_cpu.model_path import resolve_model_path

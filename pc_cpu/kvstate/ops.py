@@ -36,7 +36,7 @@ def scan(blob: BlobLike) -> StateBlobInfo:
 def relocate(blob: BlobLike, delta: int, rope: RopeParams | tuple[RopeParams, ...]) -> BlobLike:
     """Returns `blob` with every cell moved by `delta` positions, K re-rotated (`blob` itself when delta is 0).
 
-    `rope`: the model's RoPE, or one per KV cache of the blob (pc_cpu.engine.model.cache_ropes).
+    `rope`: the model's RoPE, or one per KV cache of the blob (pc_cpu.engine.llama.model.cache_ropes).
     """
     return blob if delta == 0 else IMPL.relocate(blob, delta, rope)
 

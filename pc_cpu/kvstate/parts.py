@@ -3,7 +3,7 @@
 llama_state_seq_get_data leaves out the sliding-window cells that lie more than a
 window behind the sequence's end, so an encoding spanning more than that is saved
 as several blobs, each covering a span its window keeps whole (see
-pc_cpu.engine.modules). A payload of one blob is stored unframed, as every
+pc_cpu.engine.prompts.schema_cells). A payload of one blob is stored unframed, as every
 payload was before parts existed, so older stores stay readable.
 
 Layout (little-endian):

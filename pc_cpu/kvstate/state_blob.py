@@ -577,7 +577,7 @@ def order_by_position(blob: BlobLike) -> BlobLike:
     ``llama_state_seq_set_data`` puts a blob's cells into a sequence's empty stream in blob
     order, from slot 0; attention then sums them in that order. Sorted, a restored prompt
     sits in its stream exactly as a fresh prefill of the same tokens would, which is what
-    makes cached and fresh results bit-identical (pc_cpu.engine.streams). A blob that is
+    makes cached and fresh results bit-identical (pc_cpu.engine.cells.streams). A blob that is
     already sorted is returned as it is, uncopied.
 
     Raises:
@@ -654,7 +654,7 @@ def graft_cells(base: BlobLike, donor: BlobLike, layers: Sequence[int], position
 def order_in_place(blob: bytearray | memoryview) -> None:
     """Sorts each KV cache's cells of a writable blob by position, where it lies (see :func:`order_by_position`).
 
-    For a blob read into a buffer the caller reuses (pc_cpu.engine.streams.move_to_stream): no
+    For a blob read into a buffer the caller reuses (pc_cpu.engine.cells.streams.move_to_stream): no
     new 10-100 MB buffer to map, which costs more than the sort.
 
     Raises:

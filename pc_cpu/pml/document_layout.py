@@ -210,7 +210,7 @@ class DocumentPrompt:
     recomputed: tuple[tuple[int, int], ...] = ()  # document positions [start, end) computed again, in order
     # Share of the moved documents' tokens (every document but the first) that the engine computes
     # again besides `recomputed`: those whose early-layer K/V deviate most from a full prefill's
-    # ("select:R"; pc_cpu.engine.document_cells picks them once the cells are assembled).
+    # ("select:R"; pc_cpu.engine.prompts.document_cells picks them once the cells are assembled).
     select: float = 0.0
 
     @property
@@ -317,7 +317,7 @@ def check_document_policy(policy: RecomputePolicy) -> RecomputePolicy:
     """Returns `policy` if a question over documents can use it; raises naming the ones it can.
 
     `select:R@module` refreshes a schema prompt's modules one after another; a question's runs are
-    computed in one pass (pc_cpu.engine.recompute_pass), so documents take plain `select:R`.
+    computed in one pass (pc_cpu.engine.recompute.recompute_pass), so documents take plain `select:R`.
     """
     if policy.select_by_module:
         raise PromptCacheError(f"recompute {str(policy)!r}: '@module' is for schema prompts; with documents use "
@@ -330,7 +330,7 @@ def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentP
 
     Recomputed tokens attend to the documents before their own. Runs of them (maximal
     stretches of consecutive positions) are computed together in one pass
-    (pc_cpu.engine.recompute_pass): a run sees the cached cells before it and its own new
+    (pc_cpu.engine.recompute.recompute_pass): a run sees the cached cells before it and its own new
     cells, not another run's new cells (EPIC's approximation); a single run sees exactly
     what a full prefill's tokens would. The first
     document is left out: it sits at its home, after the preamble it was encoded after, so
@@ -358,7 +358,7 @@ def with_recompute(prompt: DocumentPrompt, policy: RecomputePolicy) -> DocumentP
 def with_runs(prompt: DocumentPrompt, positions: "set[int] | frozenset[int]") -> DocumentPrompt:
     """Returns the prompt recomputing `positions` besides its runs, as runs of its own, nothing left to select.
 
-    The engine calls it once it has chosen the `select:` share (pc_cpu.engine.document_cells).
+    The engine calls it once it has chosen the `select:` share (pc_cpu.engine.prompts.document_cells).
     """
     chosen = set(positions).union(*(range(start, end) for start, end in prompt.recomputed))
     return DocumentPrompt(prompt.preamble, prompt.documents, prompt.tail, tuple(contiguous_runs(sorted(chosen))))

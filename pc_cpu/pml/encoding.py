@@ -24,7 +24,7 @@ where they are resident and only the run is computed. Otherwise the context is
 decoded at the positions just before the run, so positions stay consecutive in
 one llama_decode, and its cells are dropped afterwards.
 
-Where the engine can move cells (pc_cpu.engine.modules), a module not computed after
+Where the engine can move cells (pc_cpu.engine.prompts.schema_cells), a module not computed after
 resident cells is computed at its *home*, its context from position 0 (home_segments),
 and moved into place: its cells, and its content key, then do not depend on how long
 the text before it is, so editing one module leaves the others' encodings alone.
@@ -93,7 +93,7 @@ def home_shift(layout: Layout, key: str, mode: str) -> int:
     position 0: the same relative positions, so (RoPE being relative) the same cells up to the
     rounding of the rotation, which then no longer depend on how long the text before the
     module is. Editing a module's length leaves the homes, and so the content keys, of the
-    modules after it alone (pc_cpu.engine.modules moves home cells into place). A scaffold's
+    modules after it alone (pc_cpu.engine.prompts.schema_cells moves home cells into place). A scaffold's
     runs stay as far apart at home as in the layout. Computed in place: ROOT and chain links,
     scaffolds included (their neighbour's resident cells sit at layout positions).
     """

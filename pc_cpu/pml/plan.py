@@ -445,7 +445,7 @@ def _append_prompt_text(ops: list[Op], text: DecodeTokens, markup: int) -> None:
 
     Kept apart from the schema text before them (never merged), everything before the
     prompt's own words is computed alike, in batches of its own, by every prompt that
-    shares it, so a prompt stream that holds it can be reused (pc_cpu.engine.scheduler,
+    shares it, so a prompt stream that holds it can be reused (pc_cpu.engine.runtime.scheduler,
     PromptWork.head).
     """
     if 0 < markup < len(text.tokens):

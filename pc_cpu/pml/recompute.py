@@ -5,7 +5,7 @@ Recomputing some of a module's tokens during assembly lets them attend to
 everything the prompt has before them (the other modules included), at the
 price of computing them. (In a question over documents, several runs of recomputed
 tokens are computed in one pass, each after the cached cells before it:
-pc_cpu.engine.recompute_pass.) Assembly goes in position order, so a recomputed token
+pc_cpu.engine.recompute.recompute_pass.) Assembly goes in position order, so a recomputed token
 is decoded right where the layout puts it.
 
 Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's
@@ -18,7 +18,7 @@ Policies, written as text (API `recompute=`, CLI `--recompute`, or a module's
     "10%" or "0.1"     a fraction of each module's cached tokens, HEAD_SHARE of it at the head
     "all"              every cached token of the module (a full prefill at the layout positions)
     "select:15%"       the 15% of all imported module tokens whose layer-1 K/V deviate most from a
-                       full prefill's (CacheBlend-style; the engine picks them, pc_cpu.engine.blend);
+                       full prefill's (CacheBlend-style; the engine picks them, pc_cpu.engine.recompute.blend);
                        combines with the forms above, e.g. "tail:8,select:10%"
     "select:15%@module" the same tokens, refreshed module by module in position order, so the chosen
                        tokens of each module see the fresh cells of the modules before it (more,

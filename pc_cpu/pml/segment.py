@@ -6,7 +6,7 @@ conversation's next turn adds after its history. A segment says which tokens to 
 which context, at which positions; it does not say where its cells go afterwards or under which
 key they are kept. That is the business of the layout that places it (pml.encoding for schemas,
 pml.document_layout for documents), and the engine computes every segment in one place
-(pc_cpu.engine.encoder: Workspace.compute, Encoder.compute_apart).
+(pc_cpu.engine.cells.encoder: Workspace.compute, Encoder.compute_apart).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import Executor
 from typing import Callable
 
-from pc_cpu.engine.scheduler import Done, Event, Failed, Text  # the same events the scheduler emits
+from pc_cpu.engine.runtime.scheduler import Done, Event, Failed, Text  # the same events the scheduler emits
 
 log = logging.getLogger(__name__)
 

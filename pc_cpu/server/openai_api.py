@@ -35,7 +35,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pc_cpu.engine.sampler import SamplingParams
+from pc_cpu.engine.llama.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import AFTER_EDIT

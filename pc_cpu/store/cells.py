@@ -6,7 +6,7 @@ entry's positions, passes them and then breaks its module on every request ("can
 The disk store reads every entry through `check_cells`, so such a file is a miss (re-encoded)
 and `pc-cpu store verify` names it.
 
-What an entry must hold (pc_cpu.engine.modules and .documents write it so): every KV cache
+What an entry must hold (pc_cpu.engine.prompts.schema_cells and .documents write it so): every KV cache
 (section) of its blobs has distinct positions inside [start, end), and the first section, which
 attends to the whole context, has one cell per token: `n_tokens` cells. A sliding-window section
 may hold fewer (llama.cpp leaves out cells a window behind).

@@ -80,7 +80,7 @@ PREFIX_LABEL = "document prefix"  # then the ids of its documents, in prompt ord
 
 
 def prefix_label(doc_ids: Iterable[str]) -> str:
-    """Returns the store label of an exact prefix (pc_cpu.engine.document_prompt) over these documents.
+    """Returns the store label of an exact prefix (pc_cpu.engine.prompts.document_prompt) over these documents.
 
     It names every document, so that removing any of them removes the prefix too: its cells hold that text.
     """

@@ -63,7 +63,7 @@ def test_kv_answers_have_room_for_the_restated_key_and_the_value(tiny_model_path
     import uuid
 
     from pc_cpu.benchmarks.command import KV_MAX_TOKENS
-    from pc_cpu.engine.model import Model
+    from pc_cpu.engine.llama.model import Model
 
     rng = random.Random(0)
     key, value = (uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(2))

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pc_cpu.engine.architecture import ArchitectureFacts, refusal
+from pc_cpu.engine.llama.architecture import ArchitectureFacts, refusal
 from pc_cpu.errors import UnsupportedModelError
 from tests.conftest import smollm2_path
 from tests.tiny_archs import write_tiny_gpt2_gguf, write_tiny_jamba_gguf, write_tiny_mamba_gguf, write_tiny_mrope_gguf

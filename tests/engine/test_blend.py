@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pc_cpu.engine.blend import batches, contiguous_runs, deviation, runs_by_module
-from pc_cpu.engine.probe import PROBE_LAYERS, Probe
+from pc_cpu.engine.recompute.blend import batches, contiguous_runs, deviation, runs_by_module
+from pc_cpu.engine.recompute.probe import PROBE_LAYERS, Probe
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.kvstate import state_blob
 from tests.engine.test_recompute import DOCS, GAP_FREE

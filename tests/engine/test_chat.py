@@ -8,8 +8,8 @@ from array import array
 import pytest
 
 from pc_cpu import document_settings
-from pc_cpu.engine import chat_prompt
-from pc_cpu.engine.chat_prompt import Tip, TipIndex
+from pc_cpu.engine.prompts import chat_prompt
+from pc_cpu.engine.prompts.chat_prompt import Tip, TipIndex
 from pc_cpu.errors import ContextOverflowError, PromptCacheError
 from pc_cpu.store.disk import DiskStore
 from pc_cpu.store.keys import StoreKey

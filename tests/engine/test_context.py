@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pc_cpu.engine.context import Context, default_flash_attn
+from pc_cpu.engine.llama.context import Context, default_flash_attn
 
 
 def spans(n_swa: int, start: int, end: int) -> list[tuple[int, int]]:

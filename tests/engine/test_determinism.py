@@ -2,7 +2,7 @@
 
 Attention sums a sequence's cells in KV-slot order, so these tests make the slot layouts
 differ on purpose (other schemas resident, evictions, restores, a second process) and
-require bit-identical logits or token-identical answers (pc_cpu.engine.streams).
+require bit-identical logits or token-identical answers (pc_cpu.engine.cells.streams).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
 
 def test_the_full_prefill_equals_llama_cpp_python_whatever_is_resident(make_smollm2_cache):
     llama_cpp = pytest.importorskip("llama_cpp")
-    from pc_cpu.engine.extra_buffers import llama_peer
+    from pc_cpu.engine.llama.extra_buffers import llama_peer
     path = smollm2_path()
     cache = make_smollm2_cache(flash_attn=False, n_ctx=2048)
     cache.load_schema(OTHER)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.document_settings import settings_for
-from pc_cpu.engine.document_cells import DocumentEncoder
+from pc_cpu.engine.prompts.document_cells import DocumentEncoder
 from pc_cpu.errors import DocumentError
 from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.store.document_library import PREFIX_LABEL
@@ -132,8 +132,8 @@ def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_pre
     from time import perf_counter
 
     from pc_cpu.cache import Stream
-    from pc_cpu.engine.sampler import SamplingParams
-    from pc_cpu.engine.scheduler import Job
+    from pc_cpu.engine.llama.sampler import SamplingParams
+    from pc_cpu.engine.runtime.scheduler import Job
 
     scheduler, prompts = cache.scheduler, cache.engine.prompts
     prompts.n_batch = 16  # the prefix in several chunks (every path chunks alike)
@@ -171,7 +171,7 @@ def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_pre
 def test_a_question_sent_right_after_an_answer_goes_before_that_answers_prefix(cache, monkeypatch):
     # The prefix waits PREFIX_DELAY_S after its answer: a script's next question goes first instead
     # of waiting for the chunk in flight (bench/back_to_back.py). Long here, whatever the machine's speed.
-    from pc_cpu.engine import document_prompt
+    from pc_cpu.engine.prompts import document_prompt
 
     monkeypatch.setattr(document_prompt, "PREFIX_DELAY_S", 600.0)
     ask(cache, QUESTION)

@@ -9,8 +9,8 @@ import pytest
 
 from pc_cpu import document_settings
 from pc_cpu.document_settings import setting
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.document_cells import SavedCells
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.prompts.document_cells import SavedCells
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
 from pc_cpu.pml.document_layout import document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import native, ops, state_blob

@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from pc_cpu.engine import extra_buffers
-from pc_cpu.engine.extra_buffers import CheckOutcome, decide, outcome_of, run_amx_check
+from pc_cpu.engine.llama import extra_buffers
+from pc_cpu.engine.llama.extra_buffers import CheckOutcome, decide, outcome_of, run_amx_check
 from pc_cpu.errors import ConfigError
 
 WITH_AMX = "CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
@@ -99,8 +99,8 @@ def test_the_real_check_process_runs_an_amx_sized_model_and_ends_with_a_verdict(
 
 
 def test_models_and_llama_peers_load_with_the_decision(tiny_model_path, monkeypatch):
-    from pc_cpu.engine.extra_buffers import llama_peer, model_params
-    from pc_cpu.engine.model import Model
+    from pc_cpu.engine.llama.extra_buffers import llama_peer, model_params
+    from pc_cpu.engine.llama.model import Model
 
     import llama_cpp
 

@@ -54,7 +54,7 @@ def test_layer_values_read_every_cell_through_the_sliding_window():
 
     from pc_cpu import PromptCache
     from pc_cpu.cache import PROMPT_SEQ
-    from pc_cpu.engine.probe import layer_values
+    from pc_cpu.engine.recompute.probe import layer_values
     from pc_cpu.kvstate import state_blob
 
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
@@ -90,7 +90,7 @@ def gemma(**kwargs):
 
 def all_cells(cache, seq: int) -> list[int]:
     """Returns the positions of `seq`'s cells in the first sliding-window layer, read window by window."""
-    from pc_cpu.engine.probe import layer_values
+    from pc_cpu.engine.recompute.probe import layer_values
 
     return sorted(layer_values(cache.engine.ctx, seq, (1, 0), cache.engine.roles.scratch)[0].tolist())
 
@@ -133,7 +133,7 @@ LONG = ('<schema name="long">Answer from the document.\n<module name="doc">'
 
 
 def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(tmp_path):
-    from pc_cpu.engine.probe import layer_values
+    from pc_cpu.engine.recompute.probe import layer_values
     from pc_cpu.kvstate import parts
 
     with gemma(store=tmp_path) as first:

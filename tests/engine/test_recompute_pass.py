@@ -1,4 +1,4 @@
-"""One-pass recompute of a document prompt (pc_cpu.engine.recompute_pass): every run in one decode, in the library.
+"""One-pass recompute of a document prompt (pc_cpu.engine.recompute.recompute_pass): every run in one decode, in the library.
 
 Each run must be computed after the cached cells before it (not after other runs' new cells),
 whatever the sequence budget; the rest of the prompt keeps the bytes of its moved encodings;
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from pc_cpu import PromptCache
-from pc_cpu.engine import recompute_pass
-from pc_cpu.engine.context import Context, default_flash_attn
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.recompute_pass import LibraryRoom, groups, recompute_in_library
+from pc_cpu.engine.recompute import recompute_pass
+from pc_cpu.engine.llama.context import Context, default_flash_attn
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.recompute.recompute_pass import LibraryRoom, groups, recompute_in_library
 from pc_cpu.errors import EngineError
 from pc_cpu.kvstate import ops, state_blob
 from pc_cpu.pml.document_layout import with_recompute

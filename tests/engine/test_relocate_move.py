@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pc_cpu.engine.relocate import move
+from pc_cpu.engine.cells.relocate import move
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeMode
 from tests.native.conftest import BlobSpec, make_blob

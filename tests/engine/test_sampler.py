@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pc_cpu.engine.sampler import SamplingParams
+from pc_cpu.engine.llama.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 
 

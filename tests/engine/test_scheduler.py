@@ -268,8 +268,8 @@ def test_an_idle_tasks_delay_counts_from_the_last_answer_not_its_own(make_cache,
     # Questions sent back to back each go first: a task that became ready while a later prompt
     # generated would otherwise start the moment that prompt ends, and the next question would wait
     # for its chunk (bench/back_to_back.py: ~2 s on SmolLM2).
-    from pc_cpu.engine import scheduler as scheduler_module
-    from pc_cpu.engine.prompt_work import IdleTask
+    from pc_cpu.engine.runtime import scheduler as scheduler_module
+    from pc_cpu.engine.runtime.prompt_work import IdleTask
 
     cache = make_cache()
     scheduler, now = cache.scheduler, [100.0]

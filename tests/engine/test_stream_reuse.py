@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.schema_prompt import SchemaPrompt
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.prompts.schema_prompt import SchemaPrompt
 
 SCHEMA = ('<schema name="lib"><system>Answer from the notes.</system><user>'
           '<module name="a">The red key opens the garden shed behind the house.</module>'

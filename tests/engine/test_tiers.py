@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pc_cpu.engine.modules import ModuleCache
+from pc_cpu.engine.prompts.schema_cells import ModuleCache
 from tests.tiny_gguf import write_tiny_llama_gguf
 
 DOCS = {name: f"Document {name}: " + " ".join(f"{name}{i} fact number {i}." for i in range(12)) for name in "abc"}

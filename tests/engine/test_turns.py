@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from pc_cpu.engine.turns import ContextLocks, FairLock
+from pc_cpu.engine.runtime.locks import ContextLocks, FairLock
 
 WAIT_S = 60  # a deadline for what takes milliseconds, generous on a loaded machine: a broken lock fails, not hangs
 

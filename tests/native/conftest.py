@@ -255,7 +255,7 @@ def smollm2() -> Iterator[Model]:
     quiet = llama.llama_log_callback(lambda level, text, user: None)
     llama.llama_log_set(quiet, ctypes.c_void_p(0))
     llama.llama_backend_init()
-    from pc_cpu.engine.extra_buffers import model_params
+    from pc_cpu.engine.llama.extra_buffers import model_params
 
     mp = model_params()  # AMX only where it survives on this CPU, as pc_cpu loads models
     mp.n_gpu_layers = 0

@@ -1,6 +1,6 @@
 """restream() and order_in_place(): fitting a blob to the prompt stream it is restored into.
 
-Every schema prompt runs both (pc_cpu.engine.streams.move_to_stream), so the C twin
+Every schema prompt runs both (pc_cpu.engine.cells.streams.move_to_stream), so the C twin
 (native/pc_stream.c) must give the numpy reference's bytes, or its error code, for any blob.
 """
 

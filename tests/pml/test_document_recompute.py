@@ -42,7 +42,7 @@ def test_counts_move_recomputed_tokens_from_cached_to_computed():
 
 
 def test_select_counts_its_share_of_the_moved_documents_beside_the_runs():
-    # The moved documents b and c hold 8 tokens (7..14); the engine picks which (pc_cpu.engine.document_cells).
+    # The moved documents b and c hold 8 tokens (7..14); the engine picks which (pc_cpu.engine.prompts.document_cells).
     prompt = with_recompute(layout_documents(PREAMBLE, DOCS, QUESTION), parse_policy("select:50%"))
     assert (prompt.recomputed, prompt.selected_tokens) == ((), 4)
     assert prompt.cached_tokens == len(PREAMBLE) + 12 - 4

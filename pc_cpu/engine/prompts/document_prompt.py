@@ -1,6 +1,6 @@
 """A question over documents as the scheduler runs it: assembled from saved cells by the DocumentEncoder.
 
-prepare() finds or computes the preamble's and each document's cells (pc_cpu.engine.document_cells)
+prepare() finds or computes the preamble's and each document's cells (pc_cpu.engine.prompts.document_cells)
 and keeps them until prefill() moves them into the prompt's stream; the question is
 computed there. The baseline (use_cache=False) is a full prefill of the identical tokens.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from pc_cpu.engine.document_cells import DocumentEncoder, SavedCells
-from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask, same_head
+from pc_cpu.engine.prompts.document_cells import DocumentEncoder, SavedCells
+from pc_cpu.engine.runtime.prompt_work import Answer, Counts, Head, IdleTask, same_head
 from pc_cpu.pml.document_layout import DocumentPrompt
 from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.store.document_library import stand_ins_label
@@ -43,7 +43,7 @@ def exact_head(key: StoreKey, end: int) -> Head:
 
 @dataclass
 class DocumentWork:
-    """A question over documents (a pc_cpu.engine.prompt_work.PromptWork)."""
+    """A question over documents (a pc_cpu.engine.runtime.prompt_work.PromptWork)."""
 
     prompt: DocumentPrompt
     encoder: DocumentEncoder

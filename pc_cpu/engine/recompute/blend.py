@@ -27,11 +27,11 @@ from typing import Callable
 
 import numpy as np
 
-from pc_cpu.engine.assembler import assemble, decode_at
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.relocate import apply_pending_shifts
-from pc_cpu.engine.probe import Probe, layer_values
-from pc_cpu.engine.recompute_pass import decode_runs
+from pc_cpu.engine.cells.assembler import assemble, decode_at
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.cells.relocate import apply_pending_shifts
+from pc_cpu.engine.recompute.probe import Probe, layer_values
+from pc_cpu.engine.recompute.recompute_pass import decode_runs
 from pc_cpu.errors import EngineError, PromptCacheError, StateBlobError
 from pc_cpu.pml.layout import ROOT
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
@@ -43,7 +43,7 @@ Run = tuple[int, int]  # positions [start, end)
 class LazyBlender:
     """Owns the Blender of one context: loads the probe model on first use, hands the Blender out, closes it.
 
-    The probe is a second model file and context (pc_cpu.engine.probe), so it is made only
+    The probe is a second model file and context (pc_cpu.engine.recompute.probe), so it is made only
     when a prompt first asks for `select:`. Call `get` holding the context's lock.
     """
 

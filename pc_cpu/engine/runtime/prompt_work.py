@@ -1,8 +1,8 @@
 """What the scheduler asks of a prompt (PromptWork), and the typed values it gets back (Counts, Head, IdleTask).
 
-Three kinds of prompt answer it, as sibling modules: pc_cpu.engine.schema_prompt.SchemaPrompt
-(a PML prompt assembled from a schema's modules), pc_cpu.engine.document_prompt.DocumentWork
-(a question over documents) and pc_cpu.engine.chat_prompt.ChatWork (a conversation).
+Three kinds of prompt answer it, in the prompts room: pc_cpu.engine.prompts.schema_prompt.SchemaPrompt
+(a PML prompt assembled from a schema's modules), pc_cpu.engine.prompts.document_prompt.DocumentWork
+(a question over documents) and pc_cpu.engine.prompts.chat_prompt.ChatWork (a conversation).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The policy, in order:
 2. a llama.cpp build without AMX (`AMX_INT8 = 1` absent from `llama_print_system_info`)
    keeps extra buffers on: repacking is safe and faster there;
 3. with AMX compiled in, a child process loads a tiny quantized model with extra buffers on
-   and decodes a batch on several threads (pc_cpu.engine.amx_check). It surviving means the
+   and decodes a batch on several threads (pc_cpu.engine.llama.amx_check). It surviving means the
    AMX path works here; a crash, an error or a hang turns extra buffers off. The verdict of a
    run that finished (passed or crashed) is kept per llama.cpp build and CPU in
    <user cache dir>/pc_cpu/cpu, so the check runs once per machine and build.
@@ -161,10 +161,10 @@ def llama_peer(path: str | os.PathLike, **kwargs) -> "llama_cpp.Llama":
 
 
 def run_amx_check(timeout_s: float = CHECK_TIMEOUT_S) -> CheckOutcome:
-    """Returns how a child process that runs an AMX matmul (pc_cpu.engine.amx_check) ended."""
+    """Returns how a child process that runs an AMX matmul (pc_cpu.engine.llama.amx_check) ended."""
     env = {**os.environ, ENV: "on"}  # the child loads with extra buffers whatever this process was told
     try:
-        done = subprocess.run([sys.executable, "-m", "pc_cpu.engine.amx_check"], env=env, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "pc_cpu.engine.llama.amx_check"], env=env, capture_output=True,
                               text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return CheckOutcome(False, f"timed out after {timeout_s:.0f} s", final=False)

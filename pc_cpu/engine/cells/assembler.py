@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pc_cpu.engine.context import Context
+from pc_cpu.engine.llama.context import Context
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 
@@ -15,7 +15,7 @@ def assemble(ctx: Context, plan: Plan, seq: int, library_of: Callable[[str], int
 
     `library_of` maps an encoding name (a module, or "scaffold:<name>") to the sequence holding it.
     Cells the plan moves (CopyCells.moved) are placed by `place_moved(op, seq)` (a private, moved
-    copy: pc_cpu.engine.relocate), the others shared where they were encoded.
+    copy: pc_cpu.engine.cells.relocate), the others shared where they were encoded.
     """
     ctx.seq_rm(seq)
     last = len(plan.ops) - 1

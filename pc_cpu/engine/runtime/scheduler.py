@@ -19,14 +19,14 @@ second, answers that can depend on the company (bench/RESULTS.md).
 A prompt is assembled in the library context, where its modules' cells are
 shared (seq_cp), then moved into its own stream of the prompt context in
 position order, where its own text is computed and its tokens generated
-(pc_cpu.engine.streams: the same tokens then give the same answer whatever the
+(pc_cpu.engine.cells.streams: the same tokens then give the same answer whatever the
 tier or the library held). A prompt holds library cells only while it is being
 assembled, so requests wait for a free slot, never for library cells. What a
 prompt is, the scheduler does not know: it runs any PromptWork
-(pc_cpu.engine.prompt_work; schema_prompt and document_prompt are the two kinds).
+(pc_cpu.engine.runtime.prompt_work; schema_prompt and document_prompt are the two kinds).
 
 Idle time: a finished prompt may leave an IdleTask (a question over documents leaves the
-computation of its exact prefix, pc_cpu.engine.document_prompt). When no request waits or
+computation of its exact prefix, pc_cpu.engine.prompts.document_prompt). When no request waits or
 runs, the worker computes the oldest task one n_batch chunk per loop in a free slot's stream,
 and gives the slot up (the task waits again) when a request arrives before a chunk: a request
 waits at most one chunk for it. Once computed, the cells are stored and the slot keeps them as
@@ -43,12 +43,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Union
 
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.generator import TextDecoder
-from pc_cpu.engine.prompt_work import Answer, Head, IdleTask, PromptWork
-from pc_cpu.engine.sequences import SequenceRoles
-from pc_cpu.engine.sampler import Sampler, SamplingParams
-from pc_cpu.engine.turns import FairLock
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.runtime.generator import TextDecoder
+from pc_cpu.engine.runtime.prompt_work import Answer, Head, IdleTask, PromptWork
+from pc_cpu.engine.llama.sequences import SequenceRoles
+from pc_cpu.engine.llama.sampler import Sampler, SamplingParams
+from pc_cpu.engine.runtime.locks import FairLock
 from pc_cpu.errors import ContextOverflowError, EngineError, PromptCacheError
 from pc_cpu.result import Result, Tier
 from pc_cpu.stats import QueueStats

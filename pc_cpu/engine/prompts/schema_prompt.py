@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pc_cpu.engine.assembler import assemble, decode_at
-from pc_cpu.engine.blend import Blender
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.modules import ModuleCache
-from pc_cpu.engine.prompt_work import Answer, Counts, Head, same_head
-from pc_cpu.engine.relocate import apply_pending_shifts, copy_moved
-from pc_cpu.engine.streams import SplitPlan, full_prefill, move_to_stream, split_tail
+from pc_cpu.engine.cells.assembler import assemble, decode_at
+from pc_cpu.engine.recompute.blend import Blender
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.prompts.schema_cells import ModuleCache
+from pc_cpu.engine.runtime.prompt_work import Answer, Counts, Head, same_head
+from pc_cpu.engine.cells.relocate import apply_pending_shifts, copy_moved
+from pc_cpu.engine.cells.streams import SplitPlan, full_prefill, move_to_stream, split_tail
 from pc_cpu.pml.layout import ROOT, Layout
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.result import Tier

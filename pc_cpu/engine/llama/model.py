@@ -12,9 +12,9 @@ from pathlib import Path
 import llama_cpp
 
 from pc_cpu import crash_guard
-from pc_cpu.engine import extra_buffers
-from pc_cpu.engine.architecture import ArchitectureFacts, refusal
-from pc_cpu.engine.log import set_llama_verbose
+from pc_cpu.engine.llama import extra_buffers
+from pc_cpu.engine.llama.architecture import ArchitectureFacts, refusal
+from pc_cpu.engine.llama.log import set_llama_verbose
 from pc_cpu.errors import ModelError, ModelLoadError, UnsupportedModelError
 from pc_cpu.kvstate.rope import RopeMode, RopeParams
 

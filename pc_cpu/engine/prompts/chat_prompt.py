@@ -38,10 +38,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from pc_cpu.engine.cell_store import CellStore
-from pc_cpu.engine.document_prompt import DocumentWork
-from pc_cpu.engine.document_cells import DocumentEncoder, SavedCells
-from pc_cpu.engine.prompt_work import Answer, Counts, Head, IdleTask
+from pc_cpu.engine.cells.cell_store import CellStore
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
+from pc_cpu.engine.prompts.document_cells import DocumentEncoder, SavedCells
+from pc_cpu.engine.runtime.prompt_work import Answer, Counts, Head, IdleTask
 from pc_cpu.kvstate import ops
 from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest,
                              moved_runs, prefix_digests)
@@ -214,7 +214,7 @@ class ConversationCells:
 
 @dataclass
 class ChatWork:
-    """A turn of a conversation (a pc_cpu.engine.prompt_work.PromptWork)."""
+    """A turn of a conversation (a pc_cpu.engine.runtime.prompt_work.PromptWork)."""
 
     prompt: ChatPrompt
     cells: ConversationCells

@@ -18,9 +18,9 @@ from typing import Callable
 
 from dataclasses import dataclass
 
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.relocate import apply_pending_shifts, move
-from pc_cpu.engine.sequences import SequenceRoles
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.cells.relocate import apply_pending_shifts, move
+from pc_cpu.engine.llama.sequences import SequenceRoles
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import home_segments, segments_of
 from pc_cpu.pml.layout import Layout
@@ -45,7 +45,7 @@ class Workspace:
 
         This is where every segment computed apart from the library gets its cells: a schema's
         module runs and scaffolds, and a document's preamble and the document after it
-        (pc_cpu.engine.document_cells). The runs are computed back to back after the context
+        (pc_cpu.engine.prompts.document_cells). The runs are computed back to back after the context
         (Segment.computed_starts), from slot 0 of an empty stream: the same bytes whatever the
         library holds. Moving a run to its own start is the caller's work (Encoder.compute_apart).
         `context_cells`: the context's own cells (a one-stream blob, as computed here), restored
@@ -92,7 +92,7 @@ class Workspace:
 class Encoder:
     """Computes encodings into library sequences of one context, the way its model allows; one per ModuleCache.
 
-    Sequences it uses (pc_cpu.engine.sequences): the scratch, where runs are decoded; the pin,
+    Sequences it uses (pc_cpu.engine.llama.sequences): the scratch, where runs are decoded; the pin,
     which shares every cell it keeps (pin_cells); the hold, where a run computed in the
     library is kept while it is read (compute_apart).
     """

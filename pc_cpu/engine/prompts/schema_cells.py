@@ -17,11 +17,11 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from pc_cpu.engine.cell_store import CellStore
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.relocate import move
-from pc_cpu.engine.sequences import SequenceRoles
-from pc_cpu.engine.encoder import Encoder, Workspace
+from pc_cpu.engine.cells.cell_store import CellStore
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.cells.relocate import move
+from pc_cpu.engine.llama.sequences import SequenceRoles
+from pc_cpu.engine.cells.encoder import Encoder, Workspace
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
 from pc_cpu.pml.encoding import (SCAFFOLD_PREFIX, encoded_after, encode_cells, encoding_content, encoding_keys,
                                  encoding_runs, home_segments, home_shift)

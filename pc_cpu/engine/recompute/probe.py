@@ -1,6 +1,6 @@
 """Gives a prompt's early-layer K/V as a full prefill would compute them, at a small fraction of its cost.
 
-CacheBlend-style selection (pc_cpu.engine.blend) needs, for every cached module
+CacheBlend-style selection (pc_cpu.engine.recompute.blend) needs, for every cached module
 token, how far its cached K/V are from what the prompt's full prefill would have
 computed. Those differences already show in the first layers, so the probe runs
 the prompt through a copy of the model cut down to its first PROBE_LAYERS blocks
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pc_cpu.engine.assembler import assemble
-from pc_cpu.engine.context import Context, ContextConfig
-from pc_cpu.engine.relocate import apply_pending_shifts
-from pc_cpu.engine.model import Model
+from pc_cpu.engine.cells.assembler import assemble
+from pc_cpu.engine.llama.context import Context, ContextConfig
+from pc_cpu.engine.cells.relocate import apply_pending_shifts
+from pc_cpu.engine.llama.model import Model
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.kvstate import ops
@@ -132,7 +132,7 @@ class Probe:
     def kv_of_tokens(self, tokens: tuple[int, ...] | list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns (positions, K, V) of the probe's last layer after a full prefill of `tokens` at 0..n-1.
 
-        A question over documents (pc_cpu.engine.document_cells) has no plan: its tokens sit back to back.
+        A question over documents (pc_cpu.engine.prompts.document_cells) has no plan: its tokens sit back to back.
         """
         try:
             self.ctx.decode(tokens, range(len(tokens)), _PROBE_SEQ, logits_last=False)

@@ -17,7 +17,7 @@ empty stream with one state_set. The question is then computed there. A document
 `pc-cpu bench documents relocation` measures this against llama.cpp's own seq_add on a private
 copy; the bytes path was faster (bench/RESULTS.md). A sliding-window model's state
 holds two caches whose layers use two RoPE bases; the relocator rewrites each with its
-own (pc_cpu.engine.model.cache_ropes). Where those bases are not known, each moved
+own (pc_cpu.engine.llama.model.cache_ropes). Where those bases are not known, each moved
 document goes through llama.cpp's seq_add in the workspace stream instead.
 """
 
@@ -28,13 +28,13 @@ from typing import Callable
 
 import numpy as np
 
-from pc_cpu.engine.blend import deviation
-from pc_cpu.engine.cell_store import CellStore
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.encoder import OnComputed, Workspace
-from pc_cpu.engine.probe import Probe
-from pc_cpu.engine.relocate import move
-from pc_cpu.engine.recompute_pass import LibraryRoom, recompute_in_library
+from pc_cpu.engine.recompute.blend import deviation
+from pc_cpu.engine.cells.cell_store import CellStore
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.cells.encoder import OnComputed, Workspace
+from pc_cpu.engine.recompute.probe import Probe
+from pc_cpu.engine.cells.relocate import move
+from pc_cpu.engine.recompute.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError, PromptCacheError, StateBlobError
 from pc_cpu.pml.document_layout import (DOCUMENT_MODE, DocumentPrompt, document_content, document_segment,
                                         prefix_content, preamble_content, with_runs)
@@ -203,7 +203,7 @@ class DocumentEncoder:
     def _tail(self, prompt: DocumentPrompt, slot: int) -> int:
         """Computes the prompt's tail after the cells stream `slot` holds; returns its end (the last logits ready)."""
         start = prompt.tail_start
-        if prompt.tail:  # a conversation's documents (pc_cpu.engine.chat_prompt) have none: the turn computes it
+        if prompt.tail:  # a conversation's documents (pc_cpu.engine.prompts.chat_prompt) have none: the turn computes it
             self.prompts.decode(prompt.tail, range(start, prompt.end), slot)
         return prompt.end
 
@@ -226,8 +226,8 @@ class DocumentEncoder:
     def _select(self, prompt: DocumentPrompt, pieces: list[SavedCells], empty: int) -> tuple[int, ...]:
         """Returns the positions of the prompt's `selected_tokens` moved-document cells that deviate most, sorted.
 
-        CacheBlend's criterion, as schema prompts have it (pc_cpu.engine.blend): the probe (the
-        model's first layers, pc_cpu.engine.probe) computes the full prefill's K/V at its last layer,
+        CacheBlend's criterion, as schema prompts have it (pc_cpu.engine.recompute.blend): the probe (the
+        model's first layers, pc_cpu.engine.recompute.probe) computes the full prefill's K/V at its last layer,
         the assembled cells give the cached ones at that layer, and the tokens whose K/V moved
         furthest are computed again. Tokens already in a run are not candidates. `empty`: a free
         stream of the prompt context (where llama.cpp moves cells when the relocator cannot).
@@ -265,7 +265,7 @@ class DocumentEncoder:
 
         Returns False (nothing done) when it does not apply.
 
-        Several runs: pc_cpu.engine.recompute_pass computes them all in one decode in the library
+        Several runs: pc_cpu.engine.recompute.recompute_pass computes them all in one decode in the library
         context, each after the cached cells before it (not after the other runs' new cells).
         One run, no library, no idle library sequence or no room there: False, nothing changed,
         and `_recompute` computes the runs in this context's workspace stream. One run goes

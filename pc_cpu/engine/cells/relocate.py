@@ -6,7 +6,7 @@ Two ways, measured against each other by `pc-cpu bench documents relocation` (be
   moves and splices its blobs in one pass of it: DocumentEncoder.assembled);
 - llama.cpp's own seq_add on a private copy, whose K-shift runs at the next decode:
   the fallback for RoPEs the relocator does not know, and for sliding-window
-  architectures whose second RoPE base was not checked (pc_cpu.engine.model.cache_ropes).
+  architectures whose second RoPE base was not checked (pc_cpu.engine.llama.model.cache_ropes).
 
 `move` chooses between them; every path that moves saved cells calls it. Cells still being
 computed in a sequence (a scaffold's runs, a parameter after a gap) move there with seq_add.
@@ -14,8 +14,8 @@ computed in a sequence (a scaffold's runs, a parameter after a gap) move there w
 
 from __future__ import annotations
 
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.sequences import SequenceRoles
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.llama.sequences import SequenceRoles
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.rope import RopeParams
 

@@ -30,7 +30,7 @@ import struct
 from dataclasses import replace
 from typing import NamedTuple, Sequence
 
-from pc_cpu.engine.context import Context
+from pc_cpu.engine.llama.context import Context
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
 from pc_cpu.kvstate import ops
 from pc_cpu.kvstate.state_blob import STREAM_COUNT_OFFSET

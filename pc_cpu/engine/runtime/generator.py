@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 from typing import Sequence
 
-from pc_cpu.engine.model import Model
+from pc_cpu.engine.llama.model import Model
 
 
 class TextDecoder:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from pc_cpu.engine.context import Context
+from pc_cpu.engine.llama.context import Context
 from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate import ops, parts
 from pc_cpu.result import Tier

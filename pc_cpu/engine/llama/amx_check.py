@@ -1,6 +1,6 @@
-"""Runs one AMX matmul in this process and prints 'ok' if it survives (`python -m pc_cpu.engine.amx_check`).
+"""Runs one AMX matmul in this process and prints 'ok' if it survives (`python -m pc_cpu.engine.llama.amx_check`).
 
-Run as a child by pc_cpu.engine.extra_buffers: on CPUs where llama.cpp's AMX path is broken
+Run as a child by pc_cpu.engine.llama.extra_buffers: on CPUs where llama.cpp's AMX path is broken
 the matmul kills the process (SIGSEGV at `ldtilecfg`), and only the child dies.
 
 The model is written here, tiny and random: one Llama block, width 256, every matrix Q8_0 or
@@ -70,7 +70,7 @@ def run(path: Path, threads: int) -> None:
     """Loads `path` with extra buffer types on and decodes one batch of N_BATCH tokens, then one token."""
     import llama_cpp
 
-    from pc_cpu.engine.log import set_llama_verbose
+    from pc_cpu.engine.llama.log import set_llama_verbose
 
     set_llama_verbose(False)
     params = llama_cpp.llama_model_default_params()

@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 import llama_cpp
 import numpy as np
 
-from pc_cpu.engine.log import take_buffer_sizes
-from pc_cpu.engine.model import Model, ModelInfo
+from pc_cpu.engine.llama.log import take_buffer_sizes
+from pc_cpu.engine.llama.model import Model, ModelInfo
 from pc_cpu.errors import ContextOverflowError, EngineError
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
@@ -34,7 +34,7 @@ class ContextConfig:
     # True: one pool of n_ctx cells that sequences share (seq_cp shares cells between them).
     # False: every sequence gets its own stream of n_ctx cells, filled from slot 0 in the order
     # cells arrive, and attention sums only that stream: a prompt's result then depends on its
-    # own cells alone (see pc_cpu.engine.streams).
+    # own cells alone (see pc_cpu.engine.cells.streams).
     kv_unified: bool = True
 
 
@@ -155,7 +155,7 @@ class Context:
         After it returns, `logits()` gives the last token's logits when logits_last is set.
         Per sequence, positions must continue from its last cell (llama.cpp's rule).
         after_chunk(lo, hi) runs once tokens[lo:hi] are in the cache, before the next chunk
-        is decoded (the encoder pins their cells there; see pc_cpu.engine.encoder).
+        is decoded (the encoder pins their cells there; see pc_cpu.engine.cells.encoder).
         """
         seq_list = self._checked(tokens, positions, seqs)
         n = len(tokens)

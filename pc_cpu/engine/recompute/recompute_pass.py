@@ -34,11 +34,11 @@ attention, only their order counts: a library that holds no module (a documents-
 gives the same layout every time, so the same bits; with modules resident, the recomputed cells
 can differ in their last bits with the library's history, as a schema prompt's recomputed cells
 do. Without it (pc_cpu's default on models without a sliding window,
-pc_cpu.engine.context.default_flash_attn), the slots themselves count, and a run's new cells sit
+pc_cpu.engine.llama.context.default_flash_attn), the slots themselves count, and a run's new cells sit
 after every staging cell where a stream would put them right after the cells before them: each
 run's cells then differ from the run computed alone in their last bits (at most 4.3e-6 of a K
 row's largest value on F32 weights, tests/engine/test_recompute_pass.py). A prompt with one run does not come here
-(pc_cpu.engine.document_cells takes it through its own stream, exactly as before: `recompute="all"`
+(pc_cpu.engine.prompts.document_cells takes it through its own stream, exactly as before: `recompute="all"`
 stays the full prefill, bit for bit).
 
 Borrowed sequences are the library's idle ones (ResidentTier.idle_seqs, as the select: blender
@@ -54,8 +54,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from pc_cpu.engine.context import Context
-from pc_cpu.engine.streams import move_to_stream
+from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.cells.streams import move_to_stream
 from pc_cpu.errors import ContextOverflowError, EngineError
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def decode_runs(ctx: Context, seq: int, group: Sequence[Run], spare: Sequence[in
 
     Each run's sequence first shares the cells of `seq` before the run (seq_cp: no copy), so
     the run is computed after them; `token_at[p]` is the token at position p. The borrowed
-    sequences are emptied whatever happens. Also the selection of pc_cpu.engine.blend.
+    sequences are emptied whatever happens. Also the selection of pc_cpu.engine.recompute.blend.
     """
     batch_tokens: list[int] = []
     positions: list[int] = []
