@@ -80,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as store, PromptCache(args.model, threads=args.threads, store=store) as pc:
         from pc_cpu.pml.document_layout import preamble_tokens
 
-        home = len(preamble_tokens(SYSTEM, pc.model, pc.markup))
+        home = len(preamble_tokens(SYSTEM, pc.model, pc.schemas.markup))
         for k, item in enumerate(items):
             ids = [pc.add_document(passage_text(p), system=SYSTEM) for p in item.passages]
             baseline = pc.ask(item.question, documents=ids, system=SYSTEM, max_tokens=24, use_cache=False)

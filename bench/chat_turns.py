@@ -34,7 +34,7 @@ Modes:
 
 Token checks, per turn: whether the cached answer's tokens equal the full prefill's on the same
 messages, and whether the generated answer's tokens equal the ones the next turn's prompt gives
-its text (PromptCache.chat_prompt(..., add_generation_prompt=False).answers[-1]).
+its text (PromptCache.conversations.prompt(..., add_generation_prompt=False).answers[-1]).
 
     python bench/chat_turns.py [--model NAME ...] [--threads 2] [--turns 12] [--turn-tokens 150]
         [--answer-tokens 64] [--conversations 4] [--repeats 1] [--modes pause,back-to-back]
@@ -238,7 +238,7 @@ class LlamaPeer:
 def answer_retokenized(pc: PromptCache, messages: list[dict], answer: dict) -> dict:
     """Returns whether the generated answer's tokens are the ones its text gets in the next turn's prompt."""
     history = [ChatMessage(m["role"], m["content"]) for m in messages] + [ChatMessage("assistant", answer["text"])]
-    prompt = pc.chat_prompt(history, add_generation_prompt=False)
+    prompt = pc.conversations.prompt(history, add_generation_prompt=False)
     span = prompt.answers[-1] if prompt.answers else (0, 0)
     text_tokens = list(prompt.tokens[span[0]:span[1]])
     generated = answer["token_ids"]
@@ -276,7 +276,7 @@ def timed_idle(pc: PromptCache) -> float:
 
 def new_tokens(pc: PromptCache, messages: list[dict]) -> tuple[int, int]:
     """Returns (prompt tokens, tokens after the previous answer): the least a turn that reuses its history computes."""
-    prompt = pc.chat_prompt(messages)
+    prompt = pc.conversations.prompt(messages)
     return prompt.end, prompt.end - (prompt.answers[-1][1] if prompt.answers else 0)
 
 
@@ -326,7 +326,7 @@ def finish_checks(pc: PromptCache, record: dict) -> None:
         "answer_retokenized": answer_retokenized(pc, record["messages"], cached),
         "llama_answer_text_equals_pc_cpu": llama["text"] == cached["text"],
         "llama_prompt_equals_pc_cpu": (None if llama["_prompt"] is None
-                                       else llama["_prompt"] == list(pc.chat_prompt(record["messages"]).tokens)),
+                                       else llama["_prompt"] == list(pc.conversations.prompt(record["messages"]).tokens)),
     }
     for system in (full, llama):
         system.pop("token_ids", None)
@@ -344,7 +344,7 @@ def run_edit(pc: PromptCache, peer: LlamaPeer, conversation: Conversation, answe
     turn = conversation.turns[1]
     assert edited[EDITED_INDEX]["content"] == turn.text
     edited[EDITED_INDEX]["content"] = Turn(turn.passage, EDITED_QUESTION).text
-    before, after = pc.chat_prompt(original).tokens, pc.chat_prompt(edited).tokens
+    before, after = pc.conversations.prompt(original).tokens, pc.conversations.prompt(edited).tokens
     first_edited = common_prefix(list(before), list(after))
     message_tokens = len(pc.model.tokenize(edited[EDITED_INDEX]["content"], special=False))
     pc.wait_idle()
@@ -397,14 +397,14 @@ def run_model(model: str, args) -> dict:
     """Returns every scenario's records for one model, with the conversations' user turns."""
     store = Path(tempfile.mkdtemp(prefix="pc_cpu_chat_turns_"))  # an empty disk tier: nothing from earlier runs
     pc = PromptCache(model, threads=args.threads, parallel=4, store=store)  # pc_cpu's flash attention; the peer's too
-    peer = LlamaPeer(str(pc.model.path), pc.engine.prompts.n_ctx, args.threads, pc.flash_attn)
+    peer = LlamaPeer(str(pc.model.path), pc.n_ctx, args.threads, pc.flash_attn)  # a prompt's positions
     try:
         tokenize = lambda t: pc.model.tokenize(t, special=False)
         per_repeat = 2 + len(args.modes) * (1 + args.conversations) * args.turns
         turns, source = user_turns(tokenize, per_repeat * args.repeats, args.turn_tokens)
         taken = iter(turns)
         take = lambda n: [next(taken) for _ in range(n)]
-        report = {"name": model, "model": pc.model.path.name, "n_ctx": pc.engine.prompts.n_ctx, "data": source,
+        report = {"name": model, "model": pc.model.path.name, "n_ctx": pc.n_ctx, "data": source,
                   "user_turn_tokens": statistics.mean(len(tokenize(t.text)) for t in turns),
                   "llama_chat_format": peer.llm.chat_format, "repeats": []}
         print(f"{report['model']}: warm-up", file=sys.stderr, flush=True)

@@ -45,7 +45,7 @@ def run_level(pc: PromptCache, n: int, gen: int, *, use_cache: bool) -> dict:
     wall = time.perf_counter() - start
     tokens = sum(len(r.token_ids) for r in results)
     own = sum(r.uncached_tokens + len(r.token_ids) for r in results)  # cells each prompt adds
-    shared = pc.resident_cells if use_cache else 0
+    shared = pc.schemas.resident_cells if use_cache else 0
     return {"n": n, "wall_s": round(wall, 2), "tokens_per_s": round(tokens / wall, 1),
             "ttft_ms_median": round(statistics.median(r.ttft_ms for r in results), 1),
             "kv_cells": shared + own}
@@ -85,7 +85,8 @@ def main() -> None:
                       f"ttft p50 {row['ttft_ms_median']:9.1f} ms  wall {row['wall_s']:7.2f} s  "
                       f"kv cells {row['kv_cells']}", flush=True)
     for pc in caches.values():
-        print(json.dumps({"module_tokens": pc.layout("conc").cached_cells, "max_batch": pc.scheduler.stats.max_batch}))
+        print(json.dumps({"module_tokens": pc.schemas.layout("conc").cached_cells,
+                          "max_batch": pc.workbench.scheduler.stats.max_batch}))
         pc.close()
 
 

@@ -30,6 +30,8 @@ Variants:
     mixed-before:N                each of documents 2..5 after N documents of a question of its own (as
                                   the library's stand-ins: another group of documents for each)
 (--answers also answers greedily after each variant's cells, as the accuracy runs do, and counts the right answers.)
+
+The machinery is driven by hand: built as a PromptCache builds it (tests/engine/machinery.py Engine).
 """
 
 from __future__ import annotations
@@ -37,15 +39,18 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from pc_cpu import PromptCache
-from pc_cpu.benchmarks.document_accuracy import questions
-from pc_cpu.benchmarks.documents import correct
-from pc_cpu.engine.prompts.document_cells import SavedCells
-from pc_cpu.kvstate import ops
-from pc_cpu.kvstate.state_blob import graft_cells, layer_kv, section_layers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Engine, run from anywhere
+from pc_cpu.benchmarks.document_accuracy import questions  # noqa: E402
+from pc_cpu.benchmarks.documents import correct  # noqa: E402
+from pc_cpu.engine.prompts.document_cells import SavedCells  # noqa: E402
+from pc_cpu.kvstate import ops  # noqa: E402
+from pc_cpu.kvstate.state_blob import graft_cells, layer_kv, section_layers  # noqa: E402
+from tests.engine.machinery import Engine  # noqa: E402
 
 STANDINS = {
     "nq": ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
@@ -69,12 +74,12 @@ def ordered(blob) -> bytearray:
 class Item:
     """One question's two builds of the cells before its tail, and what the variants need of them."""
 
-    def __init__(self, pc: PromptCache, question, others=()):
+    def __init__(self, pc: Engine, question, others=()):
         self.others = list(others)  # other questions, whose documents stand in for the ones before
         self.neighbour = self.others[0] if self.others else None
-        self.pc, self.ctx, self.enc = pc, pc.engine.prompts, pc.engine.documents.encoder
-        self.slot, self.workspace = pc.engine.roles.slots[0], pc.engine.roles.workspace
-        self.prompt = pc.engine.documents.prompt(question.question, list(question.documents), system=question.system)
+        self.pc, self.ctx, self.enc = pc, pc.prompts, pc.encoder
+        self.slot, self.workspace = pc.roles.slots[0], pc.roles.workspace
+        self.prompt = pc.texts_prompt(question.question, list(question.documents), system=question.system)
         self.gold = self.prompt.documents[question.gold_index]
         p = self.prompt
         self.ctx.seq_rm(self.slot)
@@ -241,7 +246,7 @@ def main() -> None:
     variants = args.variant or ["exact", "cached"]
     scores: dict[str, list[float]] = {v: [] for v in variants}
     right: dict[str, list[bool]] = {v: [] for v in variants}
-    with PromptCache(args.model, threads=args.threads, n_ctx=4096) as pc:
+    with Engine(args.model, threads=args.threads, n_ctx=4096) as pc:
         asked = questions(args.task, "even", args.n + 5, 5)  # the 5 after each item lend it their documents
         for i, question in enumerate(asked[:args.n]):
             item = Item(pc, question, asked[i + 1:i + 6])

@@ -15,30 +15,53 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' prompt helpers, run from anywhere
-from pc_cpu import PromptCache
-from pc_cpu.pml.document_layout import document_segment, document_tokens, preamble_tokens
-from pc_cpu.kvstate import state_blob, parts
-from pc_cpu.store.entry import Entry
-from tests.engine.test_documents import cached_logits, prefill_logits, _prompt
-from tests.engine.test_gemma import lamps
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Engine and texts, run from anywhere
+from pc_cpu.engine.cells.streams import full_prefill  # noqa: E402
+from pc_cpu.pml.document_layout import document_segment, document_tokens, preamble_tokens  # noqa: E402
+from pc_cpu.kvstate import state_blob, parts  # noqa: E402
+from pc_cpu.store.entry import Entry  # noqa: E402
+from tests.engine.machinery import Engine  # noqa: E402
+from tests.engine.test_gemma import lamps  # noqa: E402
 
 QUESTION = "Which lamp was painted red in 1905?"
+
+
+def cached_logits(engine: Engine, docs: list[str], recompute: str):
+    """Returns the last logits of QUESTION over `docs` assembled as `ask` assembles it (encoded apart, prefix "off")."""
+    work = engine.question(QUESTION, docs, recompute=recompute)
+    work.prepare()
+    work.prefill(0)
+    try:
+        return engine.prompts.logits()
+    finally:
+        engine.prompts.seq_rm(0)
+
+
+def full_logits(engine: Engine, tokens: list[int]):
+    """Returns the last logits of a full prefill of `tokens` in prompt stream 0, in llama.cpp's own batches."""
+    full_prefill(engine.prompts, tokens, 0)
+    try:
+        return engine.prompts.logits()
+    finally:
+        engine.prompts.seq_rm(0)
+
+
 out = {}
-with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
-    short = pc.add_document("The Calder Light was automated in 1987 and painted white in 1990.")
+# The machinery as a PromptCache builds it (tests/engine/machinery.py), driven by hand.
+with Engine("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
+    short = pc.add("The Calder Light was automated in 1987 and painted white in 1990.")
     text = " ".join(lamps(k) for k in range(8))
-    long = pc.add_document(text)
+    long = pc.add(text)
     pre = preamble_tokens(None, pc.model, pc.markup)
     tokens = document_tokens(text, pc.model)
     out["long_tokens"] = len(tokens)
     docs = [short, long]
-    prompt = _prompt(pc, QUESTION, docs)
-    full = prefill_logits(pc, list(prompt.tokens), [])
-    partial = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in ("0", "tail:64", "10%", "tail:256", "all")}
-    stored = pc.document_cells(long)
+    prompt = pc.document_prompt(QUESTION, docs)
+    full = full_logits(pc, list(prompt.tokens))
+    partial = {p: cached_logits(pc, docs, p) for p in ("0", "tail:64", "10%", "tail:256", "all")}
+    stored, _ = pc.encoder.document_blob(pre, long, tokens)  # as stored: the cells a prompt restores
     home = len(pre)
-    blobs = pc.engine.modules.encoder.compute_apart(document_segment(pre, tokens, "long"))
+    blobs = pc.modules.encoder.compute_apart(document_segment(pre, tokens, "long"))
     whole = bytes(state_blob.splice(blobs))
     out["cells_stored_vs_whole"] = [state_blob.section_cells(stored), state_blob.section_cells(whole)]
     # the cells both hold must agree (same batches), so the difference is only the missing ones
@@ -49,9 +72,9 @@ with PromptCache("gemma3-270m", threads=1, n_ctx=4096, store=False) as pc:
             idx = [rows[p] for p in a[0].tolist()]
             out.setdefault("common_cells_max_abs_diff", []).append(
                 max(float(np.abs(a[1] - b[1][idx]).max()), float(np.abs(a[2] - b[2][idx]).max())))
-    key = pc.engine.documents.encoder.document_key(pre, long, tokens)
+    key = pc.encoder.document_key(pre, long, tokens)
     pc.store.put(key, Entry(parts.pack([whole]), len(tokens), (home, home + len(tokens))))
-    wholes = {p: cached_logits(pc, QUESTION, docs, recompute=p) for p in partial}
+    wholes = {p: cached_logits(pc, docs, p) for p in partial}
     scale = float(np.abs(full).max())
     for p in partial:
         out[p] = {"stored_vs_whole_max_rel": float(np.abs(partial[p] - wholes[p]).max()) / scale,

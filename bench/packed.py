@@ -10,8 +10,10 @@ ask a short question:
   (the path sliding-window models took before the relocator knew their second RoPE);
 - full_prefill: the same tokens as the moved prompt, nothing cached.
 
-One PromptCache; settings alternate within each repeat; medians and ratios to the
-full prefill's median.
+One cache's machinery, built as a PromptCache builds it (tests/engine/machinery.py Engine: the
+relocator is switched off by hand for moved_seq_add), its prompts run by its scheduler as
+`generate` runs them; settings alternate within each repeat; medians and ratios to the full
+prefill's median.
 
     python bench/packed.py --model gemma3-270m --threads 2 --repeats 5 [--tokens 1000] [--json]
 """
@@ -21,10 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-
-from pc_cpu import PromptCache
+import sys
+from pathlib import Path
 
 from ttft import document_modules  # noqa: E402  (bench/ is run as a script directory)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Engine, run from anywhere
+from tests.engine.machinery import Engine  # noqa: E402
 
 SETTINGS = ("in_order", "moved_relocator", "moved_seq_add", "full_prefill")
 
@@ -38,22 +43,22 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    with PromptCache(args.model, threads=args.threads, n_ctx=8192, store=False) as pc:
+    with Engine(args.model, threads=args.threads, n_ctx=8192, store=False) as pc:
         modules = document_modules(pc, args.tokens, texts_per_module=1)
         body = "".join(f'<module name="{n}">{t}</module>' for n, t in modules)
-        pc.load_schema(f'<schema name="bench"><system>Answer from the documents.</system><user>{body}</user></schema>')
+        layout = pc.load(f'<schema name="bench"><system>Answer from the documents.</system><user>{body}</user></schema>')
         question = "<user>When was the Calder Light automated?</user>"
         in_order = f'<prompt schema="bench">{"".join(f"<{n}/>" for n, _ in modules)}{question}</prompt>'
         moved = f'<prompt schema="bench">{"".join(f"<{n}/>" for n, _ in reversed(modules))}{question}</prompt>'
-        relocator = pc.engine.modules.rope
+        relocator = pc.modules.rope
         if relocator is None:
             raise SystemExit("this model's cells are moved by seq_add only: nothing to compare")
 
         def run(setting: str) -> float:
-            pc.engine.modules.rope = None if setting == "moved_seq_add" else relocator
+            pc.modules.rope = None if setting == "moved_seq_add" else relocator
             prompt = in_order if setting == "in_order" else moved
-            pc.scheduler.drop_held()  # a stream still holding this prompt's cells would be reused, not assembled
-            return pc.generate(prompt, max_tokens=1, use_cache=setting != "full_prefill").ttft_ms
+            pc.drop_held()  # a stream still holding this prompt's cells would be reused, not assembled
+            return pc.generate(layout, prompt, max_tokens=1, use_cache=setting != "full_prefill").ttft_ms
 
         for setting in SETTINGS:  # warm-up, untimed
             run(setting)
@@ -61,8 +66,8 @@ def main() -> None:
         for _ in range(args.repeats):
             for setting in SETTINGS:
                 times[setting].append(run(setting))
-        pc.engine.modules.rope = relocator
-        plan = pc.plan(moved)
+        pc.modules.rope = relocator
+        plan = pc.plan(layout, moved)
     full = statistics.median(times["full_prefill"])
     out = {"model": pc.model.path.name, "threads": args.threads, "repeats": args.repeats,
            "cached_tokens": plan.cached_tokens, "uncached_tokens": plan.uncached_tokens, "modules": len(modules),

@@ -13,6 +13,7 @@ after it, cached pieces cut by llama.cpp round trips) and the new one (pc_cpu.en
 all runs in one decode in the library context; one run keeps the stream path, so `run80 new` is the
 stream path; `run80 lib` forces the one-pass code on it, for comparison). Settings alternate within
 each repeat; medians reported. Then one build of each is timed by phase (the context calls).
+The machinery is driven by hand: built as a PromptCache builds it (tests/engine/machinery.py Engine).
 
     python bench/recompute_one_pass.py [--model qwen2.5-coder-0.5b] [--threads 2] [--repeats 5] [--json]
 """
@@ -22,15 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
-from pc_cpu import PromptCache
-from pc_cpu.engine.recompute import recompute_pass
-from pc_cpu.engine.prompts.document_prompt import DocumentWork
-from pc_cpu.kvstate import ops
-from pc_cpu.pml.document_layout import document_tokens, layout_documents, preamble_tokens, tail_tokens
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Engine, run from anywhere
+from pc_cpu.engine.recompute import recompute_pass  # noqa: E402
+from pc_cpu.engine.prompts.document_prompt import DocumentWork  # noqa: E402
+from pc_cpu.kvstate import ops  # noqa: E402
+from tests.engine.machinery import Engine  # noqa: E402
 
 TOPICS = ["lighthouse keeper", "river ferry", "mountain observatory", "harbour market", "glass workshop"]
 QUESTION = "Which place opens earliest in the morning?"
@@ -47,12 +50,9 @@ def document(topic: str, i: int) -> str:
     return " ".join(sentences)
 
 
-def build_prompts(pc: PromptCache):
-    texts = [document(t, i) for i, t in enumerate(TOPICS)]
-    ids = [pc.add_document(text) for text in texts]
-    base = layout_documents(preamble_tokens(None, pc.model, pc.markup),
-                            [(d, document_tokens(t, pc.model)) for d, t in zip(ids, texts)],
-                            tail_tokens(QUESTION, pc.model, pc.markup))
+def build_prompts(pc: Engine):
+    ids = [pc.add(document(t, i)) for i, t in enumerate(TOPICS)]
+    base = pc.document_prompt(QUESTION, ids)
     last = base.documents[-1]
     return {
         "runs5": replace(base, recomputed=tuple((d.start, d.start + 16) for d in base.documents)),
@@ -61,42 +61,42 @@ def build_prompts(pc: PromptCache):
     }
 
 
-def pieces_of(pc: PromptCache, prompt):
-    work = DocumentWork(prompt, pc.engine.documents.encoder, True)
+def pieces_of(pc: Engine, prompt):
+    work = DocumentWork(prompt, pc.encoder, True)
     work.prepare()
     return work.pieces
 
 
-def build(pc: PromptCache, prompt, pieces, way: str) -> float:
+def build(pc: Engine, prompt, pieces, way: str) -> float:
     """Returns the seconds a build of prompt stream 0 takes the `way` given (old, new, lib)."""
-    enc = pc.engine.documents.encoder
+    enc = pc.encoder
     room = enc.library
     enc.library = None if way == "old" else room
     try:
         t0 = time.perf_counter()
         if way == "lib":  # the one-pass code on a single run, which prefill sends to the stream path
-            pc.engine.prompts.seq_rm(0)
+            pc.prompts.seq_rm(0)
             cached = ops.restore_blob([enc.move(p, 0) for p in pieces], 1)
             assert recompute_pass.recompute_in_library(room, cached, prompt.recomputed,
-                                                       prompt.tokens[:prompt.tail_start], pc.engine.prompts, 0)
+                                                       prompt.tokens[:prompt.tail_start], pc.prompts, 0)
             enc._tail(prompt, 0)
         else:
             enc.prefill(prompt, pieces, 0)
         seconds = time.perf_counter() - t0
     finally:
         enc.library = room
-        pc.engine.prompts.seq_rm(0)
+        pc.prompts.seq_rm(0)
     return seconds
 
 
 CALLS = ("state_set", "state_get", "state_get_reusing", "decode", "seq_cp", "seq_rm", "seq_add")
 
 
-def phases(pc: PromptCache, prompt, pieces, way: str) -> dict[str, float]:
+def phases(pc: Engine, prompt, pieces, way: str) -> dict[str, float]:
     """Returns milliseconds by context call (library/prompts) of one build, and the rest (Python, blob ops)."""
     spent: dict[str, float] = defaultdict(float)
     patched = []
-    for name, ctx in (("library", pc.engine.ctx), ("prompts", pc.engine.prompts)):
+    for name, ctx in (("library", pc.ctx), ("prompts", pc.prompts)):
         for call in CALLS:
             original = getattr(ctx, call)
 
@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=2048)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    pc = PromptCache(args.model, threads=args.threads, n_ctx=args.n_ctx, store=False)
+    pc = Engine(args.model, threads=args.threads, n_ctx=args.n_ctx, store=False)
     try:
         prompts = build_prompts(pc)
         pieces = {name: pieces_of(pc, prompt) for name, prompt in prompts.items()}

@@ -41,8 +41,8 @@ def main() -> None:
             for _ in range(args.repeat):
                 pc.evict()
                 pc.generate(_import_all(n), max_tokens=1)  # makes p0..p{n-1} resident
-                cells = pc.resident_cells
-                pc.scheduler.drop_held()  # measure the restore into a stream, not a kept stream's reuse
+                cells = pc.schemas.resident_cells
+                pc.workbench.scheduler.drop_held()  # measure the restore into a stream, not a kept stream's reuse
                 r = pc.generate(prompt, max_tokens=32)
                 ttft.append(r.ttft_ms)
                 per_token.append((r.total_ms - r.ttft_ms) / max(1, len(r.token_ids) - 1))

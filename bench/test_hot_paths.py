@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from pc_cpu.cache import PROMPT_SEQ  # noqa: E402
 from pc_cpu.kvstate import native, state_blob  # noqa: E402
 
 DOC = "The lighthouse keeper climbed the spiral stairs at dusk, trimmed the wick and wrote the weather down. "
@@ -47,11 +46,10 @@ def pc():
 def test_assemble_n_modules(benchmark, pc, n):
     """Shares N resident modules into the prompt sequence (seq_cp per run) and computes nothing else."""
     plan = pc.plan(prompt(n))
-    pc.prepare(plan, use_cache=True)
+    pc.workbench.prepare(plan, use_cache=True)
 
     def assemble():
-        pc.prefill(plan, use_cache=True)
-        pc.engine.ctx.seq_rm(PROMPT_SEQ)
+        pc.workbench.prefilled(plan, use_cache=True).close()  # built in stream PROMPT_SEQ, then freed
 
     benchmark(assemble)
 
@@ -95,7 +93,7 @@ def test_order_and_restream_schema_prompt(benchmark, pc, impl):
     if impl is native and not native.available():
         pytest.skip("libpc_native not built")
     staged = bytes(state_blob.splice(_module_blobs(pc, 32)[::-1]))
-    n_stream = pc.engine.prompts.n_stream
+    n_stream = pc.memory().streams - 1  # the prompt context's streams (MemoryUse.streams counts the library's too)
     def order_and_restream():
         ordered = bytearray(staged)
         impl.order_in_place(ordered)

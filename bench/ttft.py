@@ -26,6 +26,7 @@ from pathlib import Path
 from pc_cpu import PromptCache
 from pc_cpu.benchmarks.latency import drop_page_cache, open_cache
 from pc_cpu.cli import FLASH_ATTN
+from pc_cpu.engine.llama.context import default_threads
 from pc_cpu.demo import DOCS
 
 SETTINGS = ("resident", "ram", "disk", "full_prefill")
@@ -106,7 +107,7 @@ def main() -> None:
     plan = pc.plan(prompt)
     base = statistics.median(times["full_prefill"])
     report = {
-        "model": pc.model.path.name, "threads": pc.engine.ctx.threads, "repeats": args.repeats,
+        "model": pc.model.path.name, "threads": args.threads or default_threads(), "repeats": args.repeats,
         "plain": args.plain, "flash_attn": args.flash_attn, "flash_attn_used": pc.flash_attn,
         "cached_tokens": plan.cached_tokens, "computed_tokens": plan.uncached_tokens,
         "encode_s": round(encode_s, 2),

@@ -60,7 +60,7 @@ def _open_disk_store(store_dir):
 
 encoding_option = click.option("--encoding", type=click.Choice(ENCODING_MODES), default="preamble", show_default=True,
                                help="How modules are encoded: preamble, independent (the paper's), or chain "
-                                    "(see the README).")
+                                    "(docs/concepts.md, \"Encoding modes\").")
 model_option = click.option("--model", default=None, metavar="NAME|PATH",
                             help="A model name (see `pc-cpu models`) or a GGUF file (default: $PC_CPU_MODEL, "
                                  "else smollm2-135m).")
@@ -70,7 +70,7 @@ threads_option = click.option("--threads", type=click.IntRange(1, 512), default=
 FLASH_ATTN = {"auto": None, "on": True, "off": False}
 flash_attn_option = click.option("--flash-attn", type=click.Choice(tuple(FLASH_ATTN)), default="auto", show_default=True,
                                  help="Flash attention. auto: off (cached prompts decode faster), but on for "
-                                      "sliding-window models; on: faster long prefills (see the README).")
+                                      "sliding-window models; on: faster long prefills (docs/troubleshooting.md).")
 ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=None,
                           help="KV cells for schemas and prompts (default: model's, at most 8192).")
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
@@ -232,7 +232,7 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir,
                      flash_attn=flash_attn) as pc:
         # Refused before any document is encoded (minutes, on a long library): a prompt that cannot fit, a taken name.
-        pc.document_prompt(question, [text for _, text in files], system=system,
+        pc.documents.prompt(question, [text for _, text in files], system=system,
                            names=[Path(path).name for path, _ in files])
         _check_names(pc, files)
         ids, served = _add_documents(pc, files, system)
@@ -419,7 +419,7 @@ def inspect(schema, model, as_json, verbose):
     from pc_cpu.inspect import kv_bytes_per_token, layout_json, layout_table
 
     with _open_cache(model, 512, 1, "preamble", verbose) as pc:
-        layout = pc.inspect_schema(_read_source(schema, "schema"))
+        layout = pc.schemas.inspect(_read_source(schema, "schema"))
         info = pc.model.info
     bytes_per_token = kv_bytes_per_token(info.n_layer, info.n_head_kv, info.n_embd_head)
     click.echo(json.dumps(layout_json(layout)) if as_json else layout_table(layout, bytes_per_token))

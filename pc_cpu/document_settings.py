@@ -14,8 +14,8 @@ one without knowing the recompute policies:
                 computes the exact prefix (as slow as a full prefill), every later one restores it
 
 Every figure below was measured with `pc-cpu bench documents accuracy` on the odd lines of the
-NQ file (5 passages in a random order, paired with the full prefill; bench/RESULTS.md, sections
-"Documents against the full prefill" and "Documents on Qwen"). A model not in the table (a GGUF of the user's) gets the
+NQ file (5 passages in a random order, paired with the full prefill; bench/RESULTS.md, "Accuracy: questions over documents", and
+bench/history/2026-12-04-documents-on-qwen.md). A model not in the table (a GGUF of the user's) gets the
 same two settings, without figures: "accurate" is exact on any model by construction.
 
 Pure data and lookups: pc_cpu.cache applies a setting, the CLI prints `advice`.

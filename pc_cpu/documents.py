@@ -23,12 +23,14 @@ from pc_cpu.engine.llama.model import Model
 from pc_cpu.engine.recompute.probe import Probe
 from pc_cpu.engine.llama.context import Context
 from pc_cpu.engine.llama.sequences import SequenceRoles
-from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError
+from pc_cpu.engine.runtime.locks import FairLock
+from pc_cpu import document_settings
+from pc_cpu.errors import AddCancelledError, ContextOverflowError, DocumentError, PromptCacheError
 from pc_cpu.kvstate.rope import RopeParams
-from pc_cpu.pml.document_layout import (NO_TEXT, DocumentPrompt, check_encoding, check_prefix,
-                                  check_question, document_id, document_tokens, has_text, layout_documents,
-                                  order_documents, preamble_tokens, stand_ins, tail_tokens, with_recompute)
-from pc_cpu.pml.recompute import RecomputePolicy
+from pc_cpu.pml.document_layout import (NO_TEXT, DocumentPrompt, DocumentToPlace, check_document_policy,
+                                        check_encoding, check_prefix, check_question, document_id, document_tokens, has_text, order_documents,
+                                        place_documents, preamble_tokens, stand_ins, tail_tokens, with_recompute)
+from pc_cpu.pml.recompute import RecomputePolicy, parse_policy
 from pc_cpu.pml.roles import RoleMarkup
 from pc_cpu.progress import ProgressCallback, ProgressTracker, check_cancel
 from pc_cpu.result import AddedDocument, Tier
@@ -57,9 +59,10 @@ class Documents:
     """The documents of one PromptCache: their library, tokens and encoders, on one model and its prompt context."""
 
     def __init__(self, model: Model, markup: RoleMarkup, prompts: Context, roles: SequenceRoles, store: TieredStore,
-                 ropes: tuple[RopeParams, ...] | None, *, library_dir: Path | None, max_documents: int,
+                 ropes: tuple[RopeParams, ...] | None, lock: FairLock, *, library_dir: Path | None, max_documents: int,
                  library_room: LibraryRoom | None = None, probe: Callable[[], Probe] | None = None):
         self.model = model
+        self._lock = lock  # the façade's: library reads and the encoder's calls hold it
         self.markup = markup
         self.prompts = prompts
         self.store = store
@@ -70,6 +73,7 @@ class Documents:
         # library_room: the library context's sequences a question borrows to recompute its runs in one pass;
         # probe: the model's first layers, loaded on first use, with which "select:" chooses what to recompute.
         self.encoder = DocumentEncoder(prompts, roles.workspace, store, ropes, library_room, probe)
+        self._probe = probe
         self.adder = DocumentEncoder(prompts, roles.adder, store, ropes)
         self._tokens: dict[str, tuple[int, ...]] = {}  # document id -> tokens, least recently used first
         self._tokens_lock = threading.Lock()  # server threads ask concurrently
@@ -89,7 +93,7 @@ class Documents:
         """Returns the tokens a document's text contributes to a prompt, tokenized once per text.
 
         Every question over a document needs them, and tokenizing five ~150-token documents
-        again took ~3 ms of each question's TTFT (bench/RESULTS.md).
+        again took ~3 ms of each question's TTFT.
         """
         key = document_id(text)  # a hash of the text: a key that never goes stale
         with self._tokens_lock:
@@ -102,46 +106,55 @@ class Documents:
                 del self._tokens[next(iter(self._tokens))]
         return tokens
 
-    def before(self, docs: Sequence[Document]) -> dict[str, list[Document]]:
-        """Returns, for each of `docs`, the documents it is encoded after (its stand-ins, DocumentLibrary.stand_ins).
+    def placing(self, documents: Sequence[str], *, encoding: str) -> list[DocumentToPlace]:
+        """Returns the documents of these ids or names as a prompt places them: tokens, and for "library" their stand-ins.
 
-        Read under the façade's lock, as every library read.
+        The library is read under the façade's lock; tokenizing needs no lock and waits for no step.
         """
-        return self.library.stand_ins(doc.id for doc in docs)
+        with self._lock:
+            docs = self.resolve(documents)
+            before = self.library.stand_ins(doc.id for doc in docs) if encoding == "library" else {}
+        return [DocumentToPlace(doc.id, self.tokens(doc.text),
+                                tuple((d.id, self.tokens(d.text)) for d in before.get(doc.id, ())))
+                for doc in docs]
 
-    def stand_ins(self, texts: list[str], preamble: tuple[int, ...], tokens: tuple[int, ...]) -> tuple[int, ...]:
-        """Returns the stand-in tokens of a document of `tokens` after `preamble`, from the texts added before it."""
-        room = self.prompts.n_ctx - len(preamble) - len(tokens) - 1
-        return stand_ins([self.tokens(text) for text in texts], room)
+    def cells(self, document: str, *, system: str | None = None) -> bytes:
+        """Returns a document's cells as computed after the system message alone (its home), as a state blob.
 
-    def after_stand_ins(self, prompt: DocumentPrompt, before: dict[str, list[Document]]) -> DocumentPrompt:
-        """Returns `prompt` with its documents encoded after their stand-ins (`before()`): encoding="library".
-
-        The prompt's tokens do not change; only what each document's cells are computed after.
+        `document`: an id or name of the library. The cells come from the tiers, or are computed
+        (and stored) if no tier holds them: the bytes a prompt placing the document first restores.
         """
-        documents = [(doc.id, doc.tokens) for doc in prompt.documents]
-        after = {doc_id: self.stand_ins([d.text for d in before.get(doc_id, [])], prompt.preamble, tokens)
-                 for doc_id, tokens in documents}
-        ids = {doc_id: tuple(d.id for d in before.get(doc_id, [])) for doc_id, _ in documents}
-        return layout_documents(prompt.preamble, documents, prompt.tail, after, ids)
+        with self._lock:
+            (doc,) = self.resolve([document])
+            preamble = preamble_tokens(system, self.model, self.markup)
+            blob, _ = self.encoder.document_blob(preamble, doc.id, self.tokens(doc.text))
+            return blob
 
     def prompt(self, question: str, texts: Sequence[str], *, system: str | None = None,
                names: Sequence[str] | None = None, order: str = "given",
-               before: dict[str, list[Document]] | None = None) -> DocumentPrompt:
-        """Returns the layout of `question` over documents of these texts (see PromptCache.document_prompt).
+               placing: Sequence[DocumentToPlace] | None = None) -> DocumentPrompt:
+        """Returns the layout of `question` over documents of these texts, as `ask` lays it out; encodes nothing.
 
-        `before`: each document's stand-in texts by id (`before()`), for encoding="library"; None:
-        every document encoded after the preamble alone.
+        It only tokenizes (once per text: `add_document` and `ask` reuse the tokens), so a caller
+        can refuse a question that cannot fit before spending minutes encoding its documents.
+        `placing`: the documents as `placing()` gives them (with their stand-ins, for
+        encoding="library"), instead of `texts`; None: `texts`, each encoded after the preamble alone.
+        `order`: "given", "relevant-first" or "relevant-last" (pc_cpu.pml.document_layout.order_documents).
+
+        Raises:
+            PromptCacheError: an empty question.
+            ContextOverflowError: the prompt and one answer token need more positions than a prompt holds (n_ctx).
         """
         check_question(question)
-        ids = [document_id(text) for text in texts]
+        if placing is None:
+            placing = [DocumentToPlace(document_id(text), self.tokens(text)) for text in texts]
+        by_id = {doc.id: doc for doc in placing}
         tail = tail_tokens(question, self.model, self.markup)
-        placed = order_documents([(doc_id, self.tokens(text)) for doc_id, text in zip(ids, texts)], tail, order)
-        prompt = layout_documents(preamble_tokens(system, self.model, self.markup), placed, tail)
-        if before is not None:
-            prompt = self.after_stand_ins(prompt, before)
+        ordered = order_documents([(doc.id, doc.tokens) for doc in placing], tail, order)
+        prompt = place_documents(preamble_tokens(system, self.model, self.markup),
+                                 [by_id[doc_id] for doc_id, _ in ordered], tail, self.prompts.n_ctx)
         if prompt.end >= self.prompts.n_ctx:  # one more position for the first answer token
-            raise ContextOverflowError(_overflow_message(prompt, list(names or ids), self.prompts.n_ctx,
+            raise ContextOverflowError(_overflow_message(prompt, list(names or by_id), self.prompts.n_ctx,
                                                          self.model.info.n_ctx_train))
         return prompt
 
@@ -151,22 +164,54 @@ class Documents:
             raise DocumentError("documents must be a list of ids or names, not one string; e.g. documents=[id]")
         return [self.library.resolve(d) for d in documents]
 
-    def work(self, question: str, docs: Sequence[Document], *, names: Sequence[str], system: str | None, order: str,
-             policy: RecomputePolicy, use_cache: bool, prefix: str = "off",
-             before: dict[str, list[Document]] | None = None) -> DocumentWork:
-        """Returns the question over `docs` (from `resolve`; `names` as the caller gave them) as the scheduler runs it.
+    def work(self, question: str, placing: Sequence[DocumentToPlace], *, names: Sequence[str], system: str | None,
+             order: str, policy: RecomputePolicy, use_cache: bool, prefix: str = "off") -> DocumentWork:
+        """Returns the question over the documents `placing` gives (`names` as the caller gave them) as the scheduler runs it.
 
         Only tokenizes the question (the documents' tokens are kept): it needs no context lock.
         `prefix`: when the exact prefix is computed and used (pc_cpu.pml.document_layout.PREFIXES).
-        `before`: the documents' stand-ins (`before()`) for encoding="library"; None: "preamble".
         """
         if use_cache:
             self.check_supported()
-        prompt = self.prompt(question, [doc.text for doc in docs], system=system, names=list(names), order=order,
-                             before=before)
+        prompt = self.prompt(question, (), system=system, names=list(names), order=order, placing=placing)
         if use_cache:
             prompt = with_recompute(prompt, policy)
         return DocumentWork(prompt, self.encoder, use_cache, check_prefix(prefix))
+
+    def default_encoding(self) -> str:
+        """Returns the encoding questions over documents take on this model unless told otherwise (its "fast" setting's)."""
+        return document_settings.settings_for(self.model.path.name).fast.encoding
+
+    def question(self, question: str, documents: Sequence[str], *, system: str | None, order: str | None,
+                 setting: str | None, recompute, prefix: str | None, encoding: str | None,
+                 use_cache: bool) -> DocumentWork:
+        """Returns the question over `documents` (ids or names) as `ask` runs it, its arguments checked (see PromptCache.ask)."""
+        recompute, order, prefix, encoding = self._setting(setting, recompute, order, prefix, encoding)
+        policy = check_document_policy(parse_policy(recompute))  # refused even for the baseline
+        check_prefix(prefix)  # likewise
+        check_encoding(encoding)
+        placing = self.placing(documents, encoding=encoding)
+        if policy.select and use_cache and self._probe is not None:
+            with self._lock:  # the probe loads in the library context
+                self._probe()  # here, so that a failure is the caller's
+        return self.work(question, placing, names=documents, system=system, order=order, policy=policy,
+                         use_cache=use_cache, prefix=prefix)
+
+    def _setting(self, setting: str | None, recompute, order: str | None, prefix: str | None,
+                 encoding: str | None) -> tuple:
+        """Returns the (recompute, order, prefix, encoding) `ask` uses: the named setting's for this model, else the ones given.
+
+        A prefix or encoding given wins over the setting's (a benchmark measuring the setting on
+        documents encoded apart gives prefix "off"). Without a setting, the encoding is the one
+        measured best on this model (its "fast" setting's).
+        """
+        if setting is None:
+            return recompute, order or "given", prefix or "background", encoding or self.default_encoding()
+        if recompute is not None or order is not None:
+            raise PromptCacheError(f"setting={setting!r} chooses recompute and order itself; give either setting "
+                                   "or recompute/order, not both")
+        chosen = document_settings.setting(self.model.path.name, setting)
+        return chosen.recompute, chosen.order, prefix or chosen.prefix, encoding or chosen.encoding
 
     # --- adding and removing ------------------------------------------------------
 
@@ -214,7 +259,8 @@ class Documents:
         before = self.library.stand_ins([new.id])[new.id]
         after: tuple[int, ...] = ()
         if encoding == "library":
-            after = self.stand_ins([d.text for d in before], new.preamble, new.tokens)
+            room = self.prompts.n_ctx - len(new.preamble) - len(new.tokens) - 1
+            after = stand_ins([self.tokens(d.text) for d in before], room)
         contexts = (new.preamble, new.preamble + after) if after else (new.preamble,)
         context_label = stand_ins_label(d.id for d in before)
         tracker = ProgressTracker(label, {new.id: len(new.tokens) * len(contexts)}, progress, kind="document")

@@ -1,4 +1,4 @@
-"""Gives the defaults that size a PromptCache's memory, and where its memory goes, in bytes (README, "Memory").
+"""Gives the defaults that size a PromptCache's memory, and where its memory goes, in bytes (docs/memory.md).
 
 A PromptCache's resident memory is a few large allocations, each fixed when it opens or
 bounded by a budget; nothing else grows with the hours it runs (bench/soak.py holds it to this):
@@ -21,6 +21,14 @@ Freed blobs of cells go back to the OS rather than to malloc's arenas (pc_cpu.al
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from pc_cpu.store.ram import RamStore
+
+if TYPE_CHECKING:  # names for the signature only: this module sizes a cache, it opens nothing
+    from pc_cpu.engine.llama.context import Context
+    from pc_cpu.engine.llama.model import Model
+    from pc_cpu.store.tiers import TieredStore
 
 DEFAULT_PARALLEL = 4  # prompt slots; each holds a stream of n_ctx cells
 DEFAULT_RAM_BYTES = 1 << 30  # the RAM tier: a laptop's share; the disk tier and the OS page cache keep the rest
@@ -48,3 +56,16 @@ class MemoryUse:
     def to_dict(self) -> dict:
         """Returns the fields and the bound as plain JSON-ready values."""
         return {**asdict(self), "bound": self.bound}
+
+
+def memory_use(model: "Model", library: "Context", prompts: "Context", store: "TieredStore") -> MemoryUse:
+    """Returns a PromptCache's large allocations: llama.cpp's buffer sizes as it reported them when the contexts opened."""
+    contexts = (library, prompts)
+    kv = sum(c.buffers.kv for c in contexts)
+    streams = 1 + prompts.n_stream
+    kv_cell = kv // (streams * library.n_ctx)
+    ram = next((tier.budget_bytes for tier in store.tiers if isinstance(tier, RamStore)), 0)
+    return MemoryUse(weights=model.path.stat().st_size, kv=kv,
+                     compute=sum(c.buffers.compute + c.buffers.output for c in contexts),
+                     state_buffers=STATE_BUFFERS * kv_cell * library.n_ctx, ram_tier=ram, kv_cell=kv_cell,
+                     streams=streams)

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from pc_cpu.engine.llama.sampler import SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.recompute import RecomputePolicy
 
@@ -29,6 +30,12 @@ class GenerationOptions:
     use_cache: bool = True  # False is the baseline: a full prefill of the identical tokens
     # Cached tokens to compute again, e.g. "tail:32" or "10%" (pc_cpu.pml.recompute); None keeps every cell.
     recompute: "str | float | RecomputePolicy | None" = None
+
+    def sampling(self) -> SamplingParams:
+        """Returns the sampler's parameters of these options, checked (before the prompt is queued)."""
+        sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        sampling.validate()
+        return sampling
 
     def __post_init__(self) -> None:
         # A caller's list of stop texts becomes a tuple, so options stay hashable and cannot change under a prompt.

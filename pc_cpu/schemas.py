@@ -17,7 +17,7 @@ from pc_cpu.engine.llama.model import Model
 from pc_cpu.engine.prompts.schema_cells import ModuleCache
 from pc_cpu.engine.runtime.scheduler import Scheduler
 from pc_cpu.engine.runtime.locks import ContextLocks
-from pc_cpu.errors import CancelledError, ContextOverflowError, UnknownSchemaError
+from pc_cpu.errors import CancelledError, ContextOverflowError, PromptCacheError, UnknownSchemaError
 from pc_cpu.pml.encoding import check_scaffolds, encode_cells, encoding_keys, encoding_runs
 from pc_cpu.pml.fold import fold_layout
 from pc_cpu.pml.layout import ROOT, Layout, build_layout
@@ -52,6 +52,38 @@ class Schemas:
     def names(self) -> list[str]:
         """Returns the names of the loaded schemas, in the order they were loaded."""
         return list(self._loaded)
+
+    @property
+    def encoded(self) -> int:
+        """Returns how many schema encodings (modules, scaffolds) this cache computed; a store hit is not one."""
+        return self.modules.encoded
+
+    @property
+    def resident_cells(self) -> int:
+        """Returns the KV cells the library context holds for encoded modules."""
+        return self.modules.resident.cells
+
+    def layout(self, name: str) -> Layout:
+        """Returns the layout of a loaded schema."""
+        return self.get(name).layout
+
+    def inspect(self, pml: str) -> Layout:
+        """Returns the layout of a schema without loading or encoding it."""
+        return self.layout_of(parse_schema(pml))
+
+    def cells(self, schema: str, encoding: str) -> bytes:
+        """Returns the resident cells of a schema's encoding (a module, or scaffold_key(name)), at its layout positions.
+
+        One state blob of the library context. Raises PromptCacheError when the encoding is not
+        resident (load the schema, or generate a prompt importing it, first).
+        """
+        with self._lock:
+            layout = self.get(schema).layout
+            seq = self.modules.sequence_of(layout, encoding)
+            if seq is None:
+                raise PromptCacheError(f"encoding {encoding!r} of schema {schema!r} is not resident; load the schema "
+                                       "with encode=True or generate a prompt that imports it first")
+            return self.modules.resident_cells(layout, encoding, seq)
 
     def get(self, name: str) -> LoadedSchema:
         """Returns a loaded schema and its layout.

@@ -153,12 +153,12 @@ def batched_prefill_logits(cache, schema: str, prompt: str, splits: list[int]):
     tokens = list(plan.tokens)
     # The prompt's own ops after the shared cells are computed a batch each, as the cached prompt computes them.
     own = [plan.positions.index(op.start) for op in split_tail(plan)[1]]
-    with cache.full_prefill(tokens, batch_starts=[s for s in (*splits, *own) if s < len(tokens)]) as prefilled:
+    with cache.workbench.full_prefill(tokens, batch_starts=[s for s in (*splits, *own) if s < len(tokens)]) as prefilled:
         return prefilled.logits()
 
 
 def prefill_logits(cache, schema: str, prompt: str, *, use_cache: bool):
     """Returns the last-token logits after building `prompt`'s KV cache (cached or full prefill)."""
     cache.load_schema(schema, encode=use_cache)
-    with cache.prefilled(cache.plan(prompt), use_cache=use_cache) as prefilled:
+    with cache.workbench.prefilled(cache.plan(prompt), use_cache=use_cache) as prefilled:
         return prefilled.logits()

@@ -587,7 +587,7 @@ def test_flash_attn_reaches_the_cache(tiny_model_path, schema_file, tmp_path, ca
 
     def spy(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
-        opened.append(self.engine.ctx.config.flash_attn)
+        opened.append(self.flash_attn)
 
     monkeypatch.setattr(PromptCache, "__init__", spy)
     doc = tmp_path / "doc.txt"

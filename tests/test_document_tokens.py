@@ -24,13 +24,13 @@ def test_the_kept_tokens_are_bounded_and_still_right(make_cache, monkeypatch):
     monkeypatch.setattr(pc_cpu.documents, "TOKENS_KEPT", 2)
     cache = make_cache(store=False)
     texts = [PARIS, FUJI, "A third document.", "A fourth one."]
-    expected = [cache.document_tokens(t) for t in texts]
+    expected = [cache.documents.tokens(t) for t in texts]
     seen = []
     tokenize = cache.model.tokenize
     monkeypatch.setattr(cache.model, "tokenize", lambda text, **kw: seen.append(text) or tokenize(text, **kw))
-    cache.document_tokens(texts[-1])
+    cache.documents.tokens(texts[-1])
     assert texts[-1] not in seen  # the last two are kept...
-    assert [cache.document_tokens(t) for t in texts] == expected  # evicted ones are tokenized again, the same
+    assert [cache.documents.tokens(t) for t in texts] == expected  # evicted ones are tokenized again, the same
     assert PARIS in seen and FUJI in seen  # ...and no more than two: the first two had been dropped
 
 
@@ -38,15 +38,15 @@ def test_the_least_recently_used_tokens_are_the_ones_dropped(make_cache, monkeyp
     monkeypatch.setattr(pc_cpu.documents, "TOKENS_KEPT", 2)
     cache = make_cache(store=False)
     third = "A third document."
-    cache.document_tokens(PARIS)
-    cache.document_tokens(FUJI)
-    cache.document_tokens(PARIS)  # now FUJI is the least recently used
-    cache.document_tokens(third)  # one too many: FUJI goes, PARIS stays
+    cache.documents.tokens(PARIS)
+    cache.documents.tokens(FUJI)
+    cache.documents.tokens(PARIS)  # now FUJI is the least recently used
+    cache.documents.tokens(third)  # one too many: FUJI goes, PARIS stays
     seen = []
     tokenize = cache.model.tokenize
     monkeypatch.setattr(cache.model, "tokenize", lambda text, **kw: seen.append(text) or tokenize(text, **kw))
-    cache.document_tokens(PARIS)
-    cache.document_tokens(third)
+    cache.documents.tokens(PARIS)
+    cache.documents.tokens(third)
     assert seen == []  # both kept
-    cache.document_tokens(FUJI)
+    cache.documents.tokens(FUJI)
     assert FUJI in seen

@@ -21,7 +21,7 @@ def cache(tiny_model_path):
 @pytest.mark.parametrize("call, what", [
     (lambda pc, doc: pc.add_document("Boats \udc80 float."), "the document's text"),
     (lambda pc, doc: pc.add_document("Ships sail.", system="Be \udc80"), "the system message"),
-    (lambda pc, doc: pc.document_tokens("\udc80"), "the document's text"),
+    (lambda pc, doc: pc.documents.tokens("\udc80"), "the document's text"),
     (lambda pc, doc: pc.ask("Why \udc80?", documents=[doc], max_tokens=1), "the question"),
     (lambda pc, doc: pc.ask("Why?", documents=[doc], system="\udc80", max_tokens=1), "the system message"),
     (lambda pc, doc: pc.generate('<prompt schema="s"><doc/> Why \udc80?</prompt>', max_tokens=1), "the prompt"),

@@ -95,13 +95,13 @@ def test_fragments_are_documents_encoded_once_and_the_prompt_holds_their_text_on
     assert first.response_json["documents"] == [d.id for d in docs]
     # The question over the documents, as ask lays it out: llm's prompt.prompt (the fragments pasted
     # before the question) would have held each text twice.
-    assert first.usage().input == pc.document_prompt(QUESTION, [d.text for d in docs]).end
-    assert first.response_json["cached_tokens"] >= sum(len(pc.document_tokens(d.text)) for d in docs)
+    assert first.usage().input == pc.documents.prompt(QUESTION, [d.text for d in docs]).end
+    assert first.response_json["cached_tokens"] >= sum(len(pc.documents.tokens(d.text)) for d in docs)
 
-    encoded = pc.documents_encoded
+    encoded = pc.documents.encoded
     again = model.prompt("How long is the viaduct?", fragments=both, max_tokens=8)
     again.text()
-    assert pc.documents_encoded == encoded
+    assert pc.documents.encoded == encoded
     assert again.response_json["documents"] == first.response_json["documents"]
     assert [d.id for d in pc.list_documents()] == [d.id for d in docs]
 
@@ -137,7 +137,7 @@ def test_a_conversation_sends_its_history_and_reuses_its_earlier_turns(model):
     # The second turn's prompt is exactly the conversation so far, laid out by the chat template.
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three colours."},
                 {"role": "assistant", "content": first.text()}, {"role": "user", "content": "Now name three animals."}]
-    assert second.usage().input == llm_plugin.prompt_cache(MODEL).chat_prompt(messages).end
+    assert second.usage().input == llm_plugin.prompt_cache(MODEL).conversations.prompt(messages).end
 
 
 def test_a_conversation_keeps_its_first_turns_fragments_as_documents(model, files):
@@ -153,7 +153,7 @@ def test_a_conversation_keeps_its_first_turns_fragments_as_documents(model, file
     assert second.response_json["documents"] == third.response_json["documents"] == ids
     assert ids[0] in second.response_json["tiers"]  # placed as a document, not sent as the turn's text
     # The text once: sent again in the first user message, it would add the document's tokens once more.
-    assert second.usage().input < first.usage().input + first.usage().output + len(pc.document_tokens(HARBOR))
+    assert second.usage().input < first.usage().input + first.usage().output + len(pc.documents.tokens(HARBOR))
     assert third.response_json["tiers"]["#conversation"] == "context"
     assert third.response_json["cached_tokens"] >= second.usage().input
 

@@ -39,7 +39,7 @@ def test_a_prompt_being_prefilled_counts_as_active_not_also_as_waiting(make_cach
     seen, prefill = [], SchemaPrompt.prefill
 
     def watched(work, slot):
-        seen.append(cache.scheduler.queue_stats())
+        seen.append(cache.workbench.scheduler.queue_stats())
         return prefill(work, slot)
 
     monkeypatch.setattr(SchemaPrompt, "prefill", watched)

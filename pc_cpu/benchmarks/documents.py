@@ -14,7 +14,9 @@ uncached tokens after the restored cells, accuracy, and the store's bytes.
 pass (pc_state_assemble, what `ask` does), the C relocator then the splicer (the path before
 it), and llama.cpp's seq_add on a private copy (a state_set per document, then the K-shift);
 each ends with one state_set into the prompt's stream; as MB/s and TTFT; and answers, paired over `--n` questions: documents
-moved, documents computed at the positions the prompt gives them, and the full prefill.
+moved, documents computed at the positions the prompt gives them, and the full prefill. It drives
+the machinery by hand (Machinery: the contexts and document encoders a PromptCache builds, from the
+same constructors), not a PromptCache.
 """
 
 from __future__ import annotations
@@ -30,14 +32,23 @@ import time
 import numpy as np
 
 from pc_cpu import PromptCache
+from pc_cpu.allocator import map_large_blocks_apart
 from pc_cpu.benchmarks.evaldata import load_nq
 from pc_cpu.benchmarks.intervals import paired_difference
 from pc_cpu.benchmarks.scoring import normalize_answer
-from pc_cpu.engine.prompts.document_prompt import DocumentWork
 from pc_cpu.engine.cells.relocate import apply_pending_shifts
+from pc_cpu.engine.llama.context import ContextConfig, default_flash_attn
+from pc_cpu.engine.llama.model import Model
+from pc_cpu.engine.llama.sequences import SequenceRoles
+from pc_cpu.engine.prompts.document_cells import DocumentEncoder
+from pc_cpu.engine.prompts.document_prompt import DocumentWork
 from pc_cpu.errors import DocumentError
-from pc_cpu.pml.document_layout import document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import ops
+from pc_cpu.memory import DEFAULT_PARALLEL
+from pc_cpu.model_path import resolve_model_path
+from pc_cpu.opening import cache_ropes, open_contexts, open_store
+from pc_cpu.pml.document_layout import document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.pml.roles import markup_from_template
 
 SYSTEM = "Answer the question from the documents, in a few words."
 
@@ -83,7 +94,7 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
     with PromptCache(job.model, threads=job.threads, store=store, ram_bytes=8 << 30) as pc:
         out["model"] = pc.model.path.name  # the file, also when job.model is None (the default)
         out["flash_attn"] = pc.flash_attn  # pc_cpu's default; the peers get the same
-        preamble = preamble_tokens(SYSTEM, pc.model, pc.markup)
+        preamble = preamble_tokens(SYSTEM, pc.model, pc.schemas.markup)
         pc.ask("warm up", documents=[], system=SYSTEM, max_tokens=1)
         ids, add_ms, add_tokens = [], [], []
         sizes = sorted({s for s in (50, 100, 250, job.docs) if s <= job.docs})
@@ -107,7 +118,7 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
         for q in chosen[-20:]:
             tokens = list(preamble) + list(document_tokens(passage_text(questions[q].gold), pc.model))
             t0 = time.perf_counter()
-            pc.full_prefill(tokens).close()
+            pc.workbench.full_prefill(tokens).close()
             prefill_ms.append((time.perf_counter() - t0) * 1000)
         disk = next(t for t in pc.store.tiers if t.name == "disk")
         ram = next(t for t in pc.store.tiers if t.name == "ram")
@@ -117,7 +128,7 @@ def _rag(job: DocumentsBench, questions, chosen: list[int], store: str) -> dict:
             "add_ms_last20_median": statistics.median(add_ms[-20:]),
             "prefill_doc_ms_median": statistics.median(prefill_ms),
             "add_vs_prefill": statistics.median(add_ms[-20:]) / statistics.median(prefill_ms),
-            "ram_bytes": ram.bytes_used, "disk_bytes": disk.bytes_used, "resident_cells": pc.resident_cells,
+            "ram_bytes": ram.bytes_used, "disk_bytes": disk.bytes_used, "resident_cells": pc.schemas.resident_cells,
             "by_library_size": by_size,
         })
         model_path, n_ctx = str(pc.model.path), pc.n_ctx
@@ -178,7 +189,8 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
                     (redone.ttft_ms, correct(redone.text, q.answers), redone.token_ids == baseline.token_ids,
                      redone.uncached_tokens))
             tail_ms.append(uncached_only_ms(pc, q.question, docs))
-            token_lists.append(list(_prompt(pc, q.question, docs).tokens))
+            texts = [pc.documents.library.get(d).text for d in docs]
+            token_lists.append(list(pc.documents.prompt(q.question, texts, system=SYSTEM).tokens))
     result = {"cached_p50_ms": pct(cached_ms, 50), "cached_p95_ms": pct(cached_ms, 95), "n": n}
     if full:
         result.update({
@@ -199,30 +211,71 @@ def run_prompts(pc, questions, library, ids, job: DocumentsBench, *, full: bool)
 
 
 def uncached_only_ms(pc, question, docs) -> float:
-    """Returns the time to compute the prompt's own tokens and sample, its cells already in place (not timed)."""
-    prompt = _prompt(pc, question, docs)
-    pc.wait_idle()  # the exact prefixes the questions left to compute first: the context is used by hand below
-    pc.scheduler.drop_held()  # stream 0 is used by hand below
-    work = DocumentWork(prompt, pc.engine.documents.encoder, True)
-    work.prepare()
-    pieces = work.pieces
-    moved = [pc.engine.documents.encoder.move(p, empty=0) for p in pieces]  # as `ask` moves them on this model
-    pc.engine.prompts.state_set(0, ops.restore_blob(moved, pc.engine.prompts.n_stream))
-    t0 = time.perf_counter()
-    pc.engine.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
-    int(np.argmax(pc.engine.prompts.logits()))
-    ms = (time.perf_counter() - t0) * 1000
-    pc.engine.prompts.seq_rm(0)
-    return ms
+    """Returns the TTFT of the question once its documents' cells are in place: only its own tokens are computed.
 
-
-def _prompt(pc, question, docs):
-    return layout_documents(preamble_tokens(SYSTEM, pc.model, pc.markup),
-                            [(d, document_tokens(pc.library.get(d).text, pc.model)) for d in docs],
-                            tail_tokens(question, pc.model, pc.markup))
+    Asked twice over the documents encoded apart (prefix "off"): the second finds the stream the first
+    one's slot kept, holding the preamble and the moved documents, and computes the question alone.
+    """
+    pc.wait_idle()  # the exact prefixes the questions left to compute first: they would take a slot
+    options = {"documents": docs, "system": SYSTEM, "max_tokens": 1, "prefix": "off"}
+    pc.ask(question, **options)
+    again = pc.ask(question, **options)
+    if set(again.tiers.values()) != {"context"}:
+        raise RuntimeError(f"the question was not answered from the stream the one before kept: {again.tiers}")
+    return again.ttft_ms
 
 
 # --- relocation ------------------------------------------------------------------------------------
+
+class Machinery:
+    """What the relocation bench drives by hand: a PromptCache's model, contexts and document encoders, no façade.
+
+    Built from the constructors PromptCache wires (pc_cpu/cache.py, pc_cpu.opening), with its defaults:
+    the library context (n_ctx: the training context, at most 8192), the prompt context (a stream per
+    slot, the workspace, the adder's), a RAM tier only, the document encoder questions are assembled
+    with (the workspace) and the one documents are added with (the adder's stream).
+    """
+
+    def __init__(self, model: str | None, *, threads: int, ram_bytes: int, n_seq_max: int = 64):
+        map_large_blocks_apart()  # freed blobs of cells go back to the OS, as in a PromptCache (pc_cpu.allocator)
+        self.roles = SequenceRoles.for_contexts(DEFAULT_PARALLEL, n_seq_max)
+        self.model, self.ctx, self.prompts = open_contexts(
+            Model(resolve_model_path(model)), self.roles,
+            lambda m: ContextConfig(n_ctx=min(m.info.n_ctx_train or 8192, 8192), n_seq_max=n_seq_max,
+                                    threads=threads, flash_attn=default_flash_attn(m.info)))
+        self.markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
+                                           eos_token=self.model.eos_text())
+        self.store = open_store(False, ram_bytes=ram_bytes, disk_bytes=0)
+        self.ropes = cache_ropes(self.model)
+        self.encoder = DocumentEncoder(self.prompts, self.roles.workspace, self.store, self.ropes)
+        self.adder = DocumentEncoder(self.prompts, self.roles.adder, self.store, self.ropes)
+        self.texts: dict[str, str] = {}
+
+    def add(self, text: str, *, system: str | None) -> str:
+        """Returns the document's id after computing its cells after the system message in the adder's stream (add_document)."""
+        doc_id = document_id(text)
+        self.adder.document_blob(preamble_tokens(system, self.model, self.markup), doc_id,
+                                 document_tokens(text, self.model))
+        self.texts[doc_id] = text
+        return doc_id
+
+    def prompt(self, question: str, docs: list[str], *, system: str | None):
+        """Returns the layout of `question` over documents `add` encoded, each after the system message alone."""
+        return layout_documents(preamble_tokens(system, self.model, self.markup),
+                                [(d, document_tokens(self.texts[d], self.model)) for d in docs],
+                                tail_tokens(question, self.model, self.markup))
+
+    def close(self) -> None:
+        self.prompts.close()
+        self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> "Machinery":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def relocation(job: DocumentsBench) -> dict:
     """Returns the relocation speed of both paths and, unless timing_only, the paired answers (module docstring)."""
@@ -230,12 +283,12 @@ def relocation(job: DocumentsBench) -> dict:
     rng = random.Random(1)
     picks = rng.sample(range(len(questions)), job.n + 4)
     out: dict = {"model": job.model, "n": job.n, "threads": job.threads}
-    with PromptCache(job.model, threads=job.threads, store=False, ram_bytes=8 << 30) as pc:
+    with Machinery(job.model, threads=job.threads, ram_bytes=8 << 30) as pc:
         out["model"] = pc.model.path.name
-        if pc.engine.documents.encoder.ropes is None:
+        if pc.ropes is None:
             raise DocumentError("the relocation bench compares the C relocator with llama.cpp's seq_add, and "
                                  "this model's cells are moved by seq_add only (a sliding window); use another model")
-        ids = {q: pc.add_document(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
+        ids = {q: pc.add(passage_text(questions[q].gold), system=SYSTEM) for q in picks}
         one_pass_ms, c_ms, seq_add_ms, mbytes = [], [], [], []
         moved_hits = placed_hits = full_hits = 0
         moved, placed, full = [], [], []
@@ -248,25 +301,23 @@ def relocation(job: DocumentsBench) -> dict:
             order = others + [gold]
             rng.shuffle(order)
             q = questions[gold]
-            prompt = _prompt(pc, q.question, [ids[i] for i in order])
-            pc.scheduler.drop_held()  # streams 0 and the workspace are used by hand below
-            work = DocumentWork(prompt, pc.engine.documents.encoder, True)
+            prompt = pc.prompt(q.question, [ids[i] for i in order], system=SYSTEM)
+            work = DocumentWork(prompt, pc.encoder, True)
             work.prepare()
             pieces = work.pieces
             # One pass, as `ask` assembles (into the encoder's reused buffer).
             t0 = time.perf_counter()
-            pc.engine.prompts.state_set(0, pc.engine.documents.encoder.assembled(pieces))
+            pc.prompts.state_set(0, pc.encoder.assembled(pieces))
             one_pass_ms.append((time.perf_counter() - t0) * 1000)
-            pc.engine.prompts.seq_rm(0)
+            pc.prompts.seq_rm(0)
             # Two passes: relocate, then join (restore_blob), then one state_set.
             t0 = time.perf_counter()
-            relocated = [p.blob if p.delta == 0 else ops.relocate(p.blob, p.delta, pc.engine.documents.encoder.ropes)
-                         for p in pieces]
-            pc.engine.prompts.state_set(0, ops.restore_blob(relocated, pc.engine.prompts.n_stream))
+            relocated = [p.blob if p.delta == 0 else ops.relocate(p.blob, p.delta, pc.ropes) for p in pieces]
+            pc.prompts.state_set(0, ops.restore_blob(relocated, pc.prompts.n_stream))
             c_ms.append((time.perf_counter() - t0) * 1000)
             mbytes.append(sum(len(p.blob) for p in pieces) / 1e6)
             if job.timing_only:
-                pc.engine.prompts.seq_rm(0)
+                pc.prompts.seq_rm(0)
             else:
                 moved_answer = greedy(pc, prompt)
             # seq_add path: each document restored into the library's scratch, moved by llama.cpp, shared
@@ -274,17 +325,18 @@ def relocation(job: DocumentsBench) -> dict:
             t0 = time.perf_counter()
             seq_add_assemble(pc, pieces)
             seq_add_ms.append((time.perf_counter() - t0) * 1000)
-            pc.engine.prompts.seq_rm(0)
+            pc.prompts.seq_rm(0)
             if job.timing_only:
                 continue
             placed_answer = greedy(pc, prompt, blobs=placed_blobs(pc, prompt))
-            full_answer = pc.ask(q.question, documents=[ids[i] for i in order], system=SYSTEM, max_tokens=24,
-                                 use_cache=False)
+            # The full prefill, as `ask(use_cache=False)` computes it (DocumentWork's baseline), answered greedily.
+            DocumentWork(prompt, pc.encoder, False).prefill(0)
+            full_answer = greedy(pc, prompt, prefilled=True)
             moved.append(correct(pc.model.detokenize(moved_answer), q.answers))
             placed.append(correct(pc.model.detokenize(placed_answer), q.answers))
-            full.append(correct(full_answer.text, q.answers))
+            full.append(correct(pc.model.detokenize(full_answer), q.answers))
             moved_hits, placed_hits, full_hits = sum(moved), sum(placed), sum(full)
-            moved_same_full += moved_answer == full_answer.token_ids
+            moved_same_full += moved_answer == full_answer
             moved_same_placed += moved_answer == placed_answer
         n = job.n
         out.update({"one_pass_ms_median": statistics.median(one_pass_ms),
@@ -312,7 +364,7 @@ def paired(moved, placed, full) -> dict:
 
 def seq_add_assemble(pc, pieces) -> None:
     """Builds prompt stream 0 from the pieces with llama.cpp's seq_add on private copies in the library."""
-    ctx, scratch, staging = pc.engine.ctx, pc.engine.roles.scratch, 0
+    ctx, scratch, staging = pc.ctx, pc.roles.scratch, 0
     ctx.seq_rm(staging)
     for piece in pieces:
         info = ops.scan(piece.blob)
@@ -324,15 +376,15 @@ def seq_add_assemble(pc, pieces) -> None:
     apply_pending_shifts(ctx, scratch)
     blob = ctx.state_get(staging)
     ctx.seq_rm(staging)
-    restore = ops.restream(blob, pc.engine.prompts.n_stream)
+    restore = ops.restream(blob, pc.prompts.n_stream)
     ops.order_in_place(restore)
-    pc.engine.prompts.state_set(0, restore)
+    pc.prompts.state_set(0, restore)
 
 
 def placed_blobs(pc, prompt) -> list[bytes]:
     """Returns the preamble's cells and each document computed after the preamble at the position the prompt gives it."""
-    work, seq = pc.engine.prompts, pc.engine.roles.adder  # the stream add_document computes in: free while nothing is added
-    preamble, _ = pc.engine.documents.encoder.preamble_blob(prompt.preamble)
+    work, seq = pc.prompts, pc.roles.adder  # the stream add_document computes in: free while nothing is added
+    preamble, _ = pc.encoder.preamble_blob(prompt.preamble)
     blobs = [preamble]
     for doc in prompt.documents:
         first = doc.start - prompt.home
@@ -345,12 +397,16 @@ def placed_blobs(pc, prompt) -> list[bytes]:
     return blobs
 
 
-def greedy(pc, prompt, *, blobs=None, max_tokens: int = 24) -> list[int]:
-    """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed."""
-    work = pc.engine.prompts
+def greedy(pc, prompt, *, blobs=None, prefilled: bool = False, max_tokens: int = 24) -> list[int]:
+    """Returns greedy tokens after the prompt's cells in stream 0 (restored from `blobs` when given), tail computed.
+
+    `prefilled`: stream 0 holds the whole prompt, its tail computed already (its last logits ready).
+    """
+    work = pc.prompts
     if blobs is not None:
         work.state_set(0, ops.restore_blob(blobs, work.n_stream))
-    work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    if not prefilled:
+        work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     tokens, pos = [], prompt.end
     for _ in range(max_tokens):
         token = int(np.argmax(work.logits()))

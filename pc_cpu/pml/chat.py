@@ -22,13 +22,12 @@ and decodes the rest in the same calls answers exactly as the full prefill does.
 from __future__ import annotations
 
 import difflib
-import hashlib
-from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from pc_cpu.errors import PromptError
-from pc_cpu.pml.document_layout import DocumentPrompt, layout_documents
+from pc_cpu.pml.content_keys import prefix_digests  # noqa: F401 (re-exported for older imports)
+from pc_cpu.pml.document_layout import DocumentPrompt, DocumentToPlace, place_documents
 from pc_cpu.pml.tokenizer import Tokenizer
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -157,14 +156,14 @@ class ChatPrompt:
 
 
 def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer, *,
-                documents: Sequence[tuple[str, tuple[int, ...]]] = (),
+                documents: Sequence[DocumentToPlace] = (), n_ctx: int = 0,
                 add_generation_prompt: bool = True) -> ChatPrompt:
     """Returns the ChatPrompt of checked messages (check_messages) as `template` renders them.
 
-    documents: (id, tokens) pairs (pc_cpu.pml.document_layout.document_tokens), placed back to back
-    at the start of the first user message, before its text, as `ask` places them before the
-    question; the preamble and each document are decode calls of their own, as in `ask`'s full
-    prefill (DocumentPrompt.prefix_cuts).
+    documents: placed back to back at the start of the first user message, before its text, as
+    `ask` places them before the question, each encoded after its stand-ins (DocumentToPlace; room
+    for them is counted against `n_ctx`); the preamble and each document are decode calls of their
+    own, as in `ask`'s full prefill (DocumentPrompt.prefix_cuts).
 
     Raises:
         PromptError: the template cannot render these messages (its own error, e.g. roles out of order),
@@ -188,8 +187,8 @@ def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokeniz
     tokens, answers, placed = list(bos), [], None
     for text, message in pieces:
         if documents and placed is None and message is not None and message.role == "user":
-            placed = layout_documents(tuple(tokens), list(documents), ())
-            tokens += [token for _, doc in documents for token in doc]
+            placed = place_documents(tuple(tokens), documents, (), n_ctx)
+            tokens += [token for doc in documents for token in doc.tokens]
         start = len(tokens)
         tokens += tokenizer.tokenize(text, special=message is None)
         if message is not None and message.role == "assistant" and len(tokens) > start:
@@ -222,28 +221,6 @@ def _calls(n: int, answers: list[tuple[int, int]], more: Sequence[int] = ()) -> 
     """Returns the spans [0, n) is decoded in: each answer alone, and the text between them (also cut at `more`)."""
     bounds = sorted({0, n, *more, *(b for span in answers for b in span)})
     return tuple(zip(bounds[:-1], bounds[1:]))
-
-
-def prefix_digests(tokens: Sequence[int], cuts: Sequence[int], ends: Sequence[int], *, how: str = "") -> dict[int, str]:
-    """Returns {end: the content digest of the cells of tokens[:end]} for each of `ends`, in one pass.
-
-    The cells depend on the tokens, on the calls they were decoded in (`cuts`: where each call
-    starts) and on `how` they were made beyond that ("": as the full prefill; "documents": with
-    documents encoded apart and moved into place).
-    """
-    # Each token hashed as 2*token + 1 where a call starts: the same tokens decoded in other
-    # calls are other cells, so another digest.
-    marked = array("q", (2 * token for token in tokens))
-    for cut in cuts:
-        if 0 < cut < len(marked):
-            marked[cut] += 1
-    digest = hashlib.sha256(f"pc_cpu.chat/1 {how}".encode())
-    out, pos = {}, 0
-    for end in sorted(set(ends)):
-        digest.update(marked[pos:end].tobytes())
-        pos = end
-        out[end] = digest.copy().hexdigest()
-    return out
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
@@ -287,11 +264,6 @@ class MovedRun:
     @property
     def new_end(self) -> int:
         return self.new_start + self.length
-
-
-def content_digest(tokens: Sequence[int]) -> str:
-    """Returns a digest of `tokens` alone (not of what precedes them): how an edited conversation finds its old answers."""
-    return hashlib.sha256(b"pc_cpu.chat.answer/1 " + array("q", tokens).tobytes()).hexdigest()
 
 
 def check_after_edit(after_edit: str) -> str:

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Sequence
 
 from pc_cpu.errors import DocumentError, PromptCacheError
-from pc_cpu.pml.encoding import content_digest
+# DOCUMENT_MODE and the content keys of documents live in pc_cpu.pml.content_keys (re-exported for older imports).
+from pc_cpu.pml.content_keys import DOCUMENT_MODE, document_content, preamble_content, prefix_content  # noqa: F401
 from pc_cpu.pml.layout import Run
 from pc_cpu.pml.recompute import RecomputePolicy, contiguous_runs, most_relevant
 from pc_cpu.pml.roles import RoleMarkup
@@ -35,7 +37,6 @@ from pc_cpu.pml.segment import Segment
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.pml.tokenizer import Tokenizer
 
-DOCUMENT_MODE = "document"  # the store's mode for document encodings (beside the schema modes)
 # ask(encoding=...): what a document's cells are computed after, besides the preamble (stand_ins).
 ENCODINGS = ("library", "preamble")
 STAND_IN_DOCUMENTS = 4  # "library": a document is encoded after at most this many documents added before it
@@ -124,7 +125,7 @@ def stand_ins(before: list[tuple[int, ...]], room: int) -> tuple[int, ...]:
     In a full prefill every document but the first is computed after other documents, and on a
     small model that changes its cells a lot: encoded after the preamble alone, a document's keys
     read as the start of the user's message and draw the question's attention from the
-    document it asks about (bench/RESULTS.md, "Where the loss is"). Encoded after a few other
+    document it asks about (bench/history/2026-12-04-documents-on-qwen.md, "Where the loss is"). Encoded after a few other
     documents of the same kind, they read as a document in a list. `before`: the documents at
     its stand_in_places (oldest first), of whose tokens the last STAND_IN_TOKENS count, and no
     more than `room` (the positions left in the context).
@@ -138,29 +139,9 @@ def document_segment(context: tuple[int, ...], tokens: tuple[int, ...], name: st
     """Returns the segment that computes `tokens` at their home: right after `context`, from position 0.
 
     A document's context is the preamble (and its stand-ins); a preamble's is empty (it is its
-    own home). Their keys: preamble_content, document_content.
+    own home). Their keys: pc_cpu.pml.content_keys.preamble_content, .document_content.
     """
     return Segment(name, (Run(len(context), tuple(tokens)),), tuple(context))
-
-
-def preamble_content(preamble: tuple[int, ...]) -> str:
-    """Returns the content digest of a preamble's cells: its tokens at positions 0..n-1."""
-    return content_digest(DOCUMENT_MODE, "preamble", list(preamble))
-
-
-def document_content(preamble: tuple[int, ...], tokens: tuple[int, ...]) -> str:
-    """Returns the content digest of a document's cells: computed after `preamble`, from its home position."""
-    return content_digest(DOCUMENT_MODE, "document", list(preamble), len(preamble), list(tokens))
-
-
-def prefix_content(tokens: tuple[int, ...], cuts: tuple[int, ...]) -> str:
-    """Returns the content digest of a prompt's exact prefix: its tokens before the tail, computed at 0..n-1 in calls from `cuts`.
-
-    The tokens are the preamble and the documents in prompt order, so another system message,
-    other documents or another order is another prefix; the calls they were computed in
-    (DocumentPrompt.prefix_cuts) are part of what the cells are.
-    """
-    return content_digest(DOCUMENT_MODE, "prefix", list(tokens), list(cuts))
 
 
 # ask(prefix=...): when the exact prefix (a full prefill of the preamble and documents) is computed and reused.
@@ -294,6 +275,32 @@ def order_documents(documents: list[tuple[str, tuple[int, ...]]], question: tupl
     chosen = documents[int(ranked[0])]
     rest = [d for i, d in enumerate(documents) if i != int(ranked[0])]
     return [chosen, *rest] if order == "relevant-first" else [*rest, chosen]
+
+
+@dataclass(frozen=True)
+class DocumentToPlace:
+    """A document a prompt places: its id, its tokens, and the documents it is encoded after (encoding="library").
+
+    `before`: (id, tokens) of the library's documents at its stand_in_places, oldest first; empty:
+    encoded after the preamble alone.
+    """
+
+    id: str
+    tokens: tuple[int, ...]
+    before: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+def place_documents(preamble: tuple[int, ...], documents: Sequence[DocumentToPlace], tail: tuple[int, ...],
+                    n_ctx: int) -> DocumentPrompt:
+    """Returns the DocumentPrompt placing `documents` after the preamble, each encoded after its stand-ins.
+
+    A document's stand-ins are the last tokens of the documents before it (stand_ins), no more
+    than the context has room for beside the preamble, the document and one answer token.
+    """
+    after = {doc.id: stand_ins([tokens for _, tokens in doc.before], n_ctx - len(preamble) - len(doc.tokens) - 1)
+             for doc in documents if doc.before}
+    after_ids = {doc.id: tuple(doc_id for doc_id, _ in doc.before) for doc in documents if doc.before}
+    return layout_documents(preamble, [(doc.id, doc.tokens) for doc in documents], tail, after, after_ids)
 
 
 def layout_documents(preamble: tuple[int, ...], documents: list[tuple[str, tuple[int, ...]]],

@@ -36,12 +36,10 @@ key `scaffold_key(x)` beside the members' own encodings (see scaffold_segment).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import replace
-from typing import Any
 
 from pc_cpu.errors import PromptCacheError, SchemaError
+from pc_cpu.pml.content_keys import content_digest  # noqa: F401 (also re-exported for older imports)
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.pml.segment import Segment
 
@@ -247,15 +245,6 @@ def encoding_runs(layout: Layout, key: str, mode: str) -> tuple[Run, ...]:
 
 
 # --- content addresses -------------------------------------------------------------------------
-
-_CONTENT_TAG = "pc_cpu.content/1"  # bump if a recipe changes: every key changes, old store files miss
-
-
-def content_digest(*parts: Any) -> str:
-    """Returns the sha256 hex digest of JSON-able parts (ints, strings, lists of them), fields kept apart."""
-    canonical = json.dumps([_CONTENT_TAG, *parts], ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
 
 def encoding_content(layout: Layout, key: str, mode: str, *, at_home: bool = False) -> str:
     """Returns the content digest of encoding `key`: what its cells depend on (pc_cpu.store.keys).

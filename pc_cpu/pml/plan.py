@@ -120,7 +120,7 @@ class Plan:
         a token's result by the shape of the call it is in: some weight types' matmuls
         (tinyBLAS's Q8_0/Q5_0/Q4_0 tiles, repacked 4-row tiles) round a row by its batch's size
         and its place in it. A full prefill in other calls agrees only to rounding, and a near
-        tie then turns a greedy answer on one CPU and not on another (README, "Same tokens, same
+        tie then turns a greedy answer on one CPU and not on another (docs/concepts.md, "Same tokens, same
         answer"). The cached prompt's calls:
         - the cells it shares were computed when their encoding was: consecutive shared cells of
           one encoding (a module's run, a scaffold's members) are one call, which also covers the

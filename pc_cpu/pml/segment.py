@@ -1,12 +1,19 @@
 """Gives the one description of cells that are computed once and reused: a Segment.
 
-Everything pc_cpu caches is a segment: a schema module's run, a scaffold's members computed
-together, a document's preamble, a document after its preamble (and stand-ins), and the text a
-conversation's next turn adds after its history. A segment says which tokens to compute, after
-which context, at which positions; it does not say where its cells go afterwards or under which
-key they are kept. That is the business of the layout that places it (pml.encoding for schemas,
-pml.document_layout for documents), and the engine computes every segment in one place
-(pc_cpu.engine.cells.encoder: Workspace.compute, Encoder.compute_apart).
+What pc_cpu computes apart and reuses elsewhere is a segment: a schema module's run, a
+scaffold's members computed together, a document's preamble, a document after its preamble (and
+stand-ins). A segment says which tokens to compute, after which context, at which positions; it
+does not say where its cells go afterwards or under which key they are kept. That is the business
+of the layout that places it (pml.encoding for schemas, pml.document_layout for documents), and
+the engine computes every segment in one place (pc_cpu.engine.cells.encoder: Workspace.compute,
+Encoder.compute_apart).
+
+A conversation's turn is not a segment, on purpose: its cells are never computed apart from what
+precedes them. A turn is the conversation's own prefix, computed in the prompt's stream in the
+full prefill's decode calls and stored as it stands (a tip, keyed by its tokens and calls:
+pc_cpu.pml.content_keys.prefix_digests); a later turn restores it at the same positions and
+computes only what follows. Nothing in it has a context to drop or runs to place, which is all a
+Segment adds (pml.chat.ChatPrompt describes a turn; pc_cpu.engine.prompts.chat_prompt keeps it).
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def _add_status_routes(app: FastAPI, cache, feeds: Feeds) -> None:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_name, "schemas": cache.schema_names, "active_streams": feeds.active}
+        return {"status": "ok", "model": model_name, "schemas": cache.schemas.names, "active_streams": feeds.active}
 
     @app.get("/v1/stats")
     def stats() -> dict:
@@ -141,15 +141,15 @@ def _add_schema_routes(app: FastAPI, cache, max_schemas: int) -> None:
 
     @app.get("/v1/schemas")
     def list_schemas() -> dict:
-        return {"object": "list", "data": [_schema_json(cache, name) for name in cache.schema_names]}
+        return {"object": "list", "data": [_schema_json(cache, name) for name in cache.schemas.names]}
 
     @app.post("/v1/schemas", status_code=201)
     async def add_schema(body: api.SchemaRequest, request: Request):
         async with adding_schema:
             name = parse_schema(body.pml).name
-            if name not in cache.schema_names and len(cache.schema_names) >= max_schemas:
+            if name not in cache.schemas.names and len(cache.schemas.names) >= max_schemas:
                 return JSONResponse(api.error_json(
-                    f"this server already holds {len(cache.schema_names)} schemas, its limit; delete one "
+                    f"this server already holds {len(cache.schemas.names)} schemas, its limit; delete one "
                     "(DELETE /v1/schemas/{name}) or restart the server with a higher --max-schemas",
                     "LimitExceeded"), status_code=409)
             events = []  # a few per module: one per decode batch and one when it is done
@@ -170,7 +170,7 @@ def _add_schema_routes(app: FastAPI, cache, max_schemas: int) -> None:
 
 def _add_document_routes(app: FastAPI, cache) -> None:
     def document_json(doc) -> dict:  # in a worker thread: tokenizing a long document takes a while
-        return api.document_json(doc, len(cache.document_tokens(doc.text)))
+        return api.document_json(doc, len(cache.documents.tokens(doc.text)))
 
     @app.get("/v1/documents")
     async def list_documents() -> dict:
@@ -187,7 +187,7 @@ def _add_document_routes(app: FastAPI, cache) -> None:
 
         def add():  # encodes the document unless a tier holds it already: slow
             doc_id = cache.add_document(body.text, name=body.name, system=system, cancel=cancel)
-            return document_json(cache.library.resolve(doc_id))
+            return document_json(cache.documents.library.resolve(doc_id))
 
         return await until_disconnected(request, add, cancel)
 
@@ -228,7 +228,7 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             messages = body.conversation()
             feed = feeds.open(lambda: cache.stream_chat(messages, options, after_edit=body.after_edit))
         else:
-            layout = cache.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
+            layout = cache.schemas.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
             prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
                                      import_names=names)
@@ -317,7 +317,7 @@ def _data(payload: dict) -> str:
 
 
 def _schema_json(cache, name: str) -> dict:
-    layout = cache.layout(name)
+    layout = cache.schemas.layout(name)
     return {"name": name, "object": "schema", "length": layout.length,
             "modules": [module for module in layout.modules if module != ROOT],
             "scaffolds": list(layout.scaffolds)}

@@ -1,6 +1,6 @@
 """Gives the PML prompt of a chat conversation whose messages may import a schema's modules.
 
-    messages_to_pml("s", [Message("user", "<doc/> What does it say?")], import_names={"doc"})
+    messages_to_pml("s", [ChatMessage("user", "<doc/> What does it say?")], import_names={"doc"})
     -> '<prompt schema="s"><doc/><user>What does it say?</user></prompt>'
 
 Rules (the chat endpoint's, on top of prompt PML):
@@ -21,28 +21,20 @@ Rules (the chat endpoint's, on top of prompt PML):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Callable, Collection, Iterator, Sequence
 
 from pc_cpu.errors import ContextOverflowError, PMLError, PromptError, UnknownSchemaError
+from pc_cpu.pml.chat import ROLES, ChatMessage
 from pc_cpu.pml.text import NOT_XML, escape_attribute
 from pc_cpu.pml.text import escape_text
 
-ROLE_TAGS = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLE_TAGS = ROLES  # a message's role -> the PML tag of its turn: the roles the chat template takes
 
 # One start or end tag with its attributes: (slash, name, attributes, self-closing slash).
 _TAG = re.compile(r"""<(/?)([A-Za-z_][\w.-]*)((?:\s+[^\s=/>"']+\s*=\s*(?:"[^"]*"|'[^']*'))*)\s*(/?)>""")
 
 
-@dataclass(frozen=True)
-class Message:
-    """One chat message: its role and its text (imports written as PML tags)."""
-
-    role: str
-    text: str
-
-
-def messages_to_pml(schema: str, messages: Sequence[Message], *, import_names: Collection[str]) -> str:
+def messages_to_pml(schema: str, messages: Sequence[ChatMessage], *, import_names: Collection[str]) -> str:
     """Returns one `<prompt schema="...">` document: the messages' imports, then their text as role turns.
 
     Args:
@@ -62,7 +54,7 @@ def messages_to_pml(schema: str, messages: Sequence[Message], *, import_names: C
         if tag is None:
             raise PromptError(f"message {index} has role {message.role!r}; supported roles: "
                               f"{', '.join(ROLE_TAGS)}")
-        found, text = split_imports(message.text, import_names, where=f"message {index}")
+        found, text = split_imports(message.content, import_names, where=f"message {index}")
         imports += [raw for raw in dict.fromkeys(found) if raw not in imports]  # "<doc/> ... <doc/>": once
         if text.strip():
             turns.append(f"<{tag}>{cleaned_text(text.strip())}</{tag}>")

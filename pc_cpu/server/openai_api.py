@@ -42,7 +42,7 @@ from pc_cpu.pml.chat import AFTER_EDIT
 from pc_cpu.pml.document_layout import ENCODINGS, PREFIXES
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.result import Result
-from pc_cpu.server.chat import Message
+from pc_cpu.pml.chat import ChatMessage
 from pc_cpu.store.document_library import Document
 
 DEFAULT_MAX_TOKENS = 256
@@ -229,15 +229,15 @@ class ChatMessageIn(BaseModel):
     role: str
     content: Union[str, list[TextPart], None] = None
 
-    def message(self, index: int) -> Message:
+    def message(self, index: int) -> ChatMessage:
         """Returns the message with its content parts joined; only text parts are supported."""
         if self.content is None or isinstance(self.content, str):
-            return Message(self.role, self.content or "")
+            return ChatMessage(self.role, self.content or "")
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise PromptCacheError(f"message {index} has a content part of type {part.type!r}; "
                                        "only text parts are supported")
-        return Message(self.role, "".join(part.text for part in self.content))
+        return ChatMessage(self.role, "".join(part.text for part in self.content))
 
 
 SYSTEM_ROLES = ("system", "developer")
@@ -294,13 +294,13 @@ class ChatRequest(SamplingRequest):
 
     def conversation(self) -> list[dict]:
         """Returns the messages as OpenAI-style dicts with their text parts joined, for PromptCache.chat."""
-        return [{"role": m.role, "content": m.message(i).text} for i, m in enumerate(self.messages)]
+        return [{"role": m.role, "content": m.message(i).content} for i, m in enumerate(self.messages)]
 
     def question(self) -> tuple[str, str | None]:
         """Returns the question (the user message) and the system message (None without one), for documents."""
         messages = [m.message(i) for i, m in enumerate(self.messages)]
-        system = [message.text.strip() for message in messages[:-1] if message.text.strip()]
-        return messages[-1].text.strip(), "\n\n".join(system) if system else None
+        system = [message.content.strip() for message in messages[:-1] if message.content.strip()]
+        return messages[-1].content.strip(), "\n\n".join(system) if system else None
 
 
 class SchemaRequest(RequestBody):

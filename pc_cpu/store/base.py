@@ -21,9 +21,30 @@ class Evicted:
     entry: Entry | None
 
 
+class ByteBudget:
+    """What every byte tier counts the same way: the bytes it holds (`_used`) against its budget (`_budget`).
+
+    Each tier says what its bytes are (a RAM tier's payloads; a disk tier's files) and keeps
+    `_used` current on every put and remove, so reading it costs nothing.
+    """
+
+    _used: int
+    _budget: int
+
+    @property
+    def bytes_used(self) -> int:
+        """Returns the bytes this tier holds now."""
+        return self._used
+
+    @property
+    def budget_bytes(self) -> int:
+        """Returns the bytes this tier may hold."""
+        return self._budget
+
+
 @runtime_checkable
 class ModuleStore(Protocol):
-    """A byte tier of encoded modules with an LRU byte budget.
+    """A byte tier of computed cells (modules, documents, turns) with an LRU byte budget.
 
     ``bytes_used`` is kept current on every put/remove (never recounted). ``name`` is what a
     Result reports as the tier that served a module ("ram", "disk").

@@ -1,4 +1,4 @@
-"""Tier 2: encoded modules as files in a directory, content-addressed, checksummed, atomic, LRU.
+"""Tier 2: computed cells (modules, documents, conversation turns) as files in a directory, content-addressed, checksummed, atomic, LRU.
 
 Each entry is one file named ``<key digest>.pcs`` (layout in pc_cpu.store.disk_format), written
 atomically (pc_cpu.store.atomic), so a reader sees the old file or the new one, never half of one.
@@ -39,7 +39,7 @@ import platformdirs
 
 from pc_cpu.errors import CorruptEntryError, EntryTooLargeError, StoreError, UnknownEntryError
 from pc_cpu.store.atomic import find_orphans, make_temp, write_atomically
-from pc_cpu.store.base import Evicted
+from pc_cpu.store.base import ByteBudget, Evicted
 from pc_cpu.store.cells import check_cells
 from pc_cpu.store.disk_format import LEGACY_CONTENT_PREFIX, Header, encode_header, read_entry, read_header
 from pc_cpu.store.entry import Entry
@@ -98,7 +98,7 @@ class _Record:
     mtime: float  # unix seconds
 
 
-class DiskStore:
+class DiskStore(ByteBudget):
     """A directory of entry files kept within a byte budget, least recently used evicted first."""
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *,
@@ -138,16 +138,6 @@ class DiskStore:
         if self._orphans:
             log.info("%s: deleting %d temp file(s) that interrupted writes left", self.directory, len(self._orphans))
             self._delete_orphans()
-
-    @property
-    def bytes_used(self) -> int:
-        """Returns the bytes of the entry files this instance knows of, and of the orphaned temp files found at open."""
-        return self._used
-
-    @property
-    def budget_bytes(self) -> int:
-        """Returns the byte budget for the entry files."""
-        return self._budget
 
     def __len__(self) -> int:
         return len(self._index)

@@ -1,4 +1,4 @@
-"""An encoded module's bytes as the store keeps them: the opaque state blob plus its metadata."""
+"""Computed cells as the store keeps them (a module's, a document's, a turn's): the opaque state blobs plus their metadata."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Entry:
-    """One encoded module: llama_state_seq_get_data output plus what the engine needs to reuse it.
+    """One entry of computed cells: llama_state_seq_get_data output plus what the engine needs to reuse it.
 
     The payload is opaque to the store; only its length counts against budgets.
     """
 
     payload: bytes  # llama_state_seq_get_data output
     n_tokens: int  # tokens encoded in the payload
-    positions: tuple[int, int]  # positions [start, end) the module occupies
+    positions: tuple[int, int]  # positions [start, end) the cells occupy
     created: float = field(default_factory=time.time)  # unix seconds when encoded
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Tier 1: encoded modules held as bytes in process memory, LRU within a byte budget."""
+"""Tier 1: computed cells (modules, documents, conversation turns) held as bytes in process memory, LRU within a byte budget."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import logging
 from collections import OrderedDict
 
 from pc_cpu.errors import EntryTooLargeError
-from pc_cpu.store.base import Evicted
+from pc_cpu.store.base import ByteBudget, Evicted
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
 
 log = logging.getLogger(__name__)
 
 
-class RamStore:
-    """A dict of entries in LRU order (oldest first) whose payload bytes stay within a budget."""
+class RamStore(ByteBudget):
+    """A dict of entries in LRU order (oldest first) whose payload bytes (ByteBudget) stay within a budget."""
 
     def __init__(self, budget_bytes: int, *, name: str = "ram"):
         if budget_bytes < 0:
@@ -23,16 +23,6 @@ class RamStore:
         self._budget = budget_bytes  # bytes of payload
         self._entries: OrderedDict[StoreKey, Entry] = OrderedDict()  # oldest first
         self._used = 0  # bytes of payload, kept current on put/remove
-
-    @property
-    def bytes_used(self) -> int:
-        """Returns the payload bytes held."""
-        return self._used
-
-    @property
-    def budget_bytes(self) -> int:
-        """Returns the payload byte budget."""
-        return self._budget
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -22,7 +22,7 @@ def test_every_variant_answers_and_the_baseline_agrees_with_itself(make_cache):
     assert len(records) == 2 * len(shape)
     assert all(r.same_as_baseline for r in records if r.variant == "baseline")
     assert all(r.cached_tokens > 0 for r in records if r.variant != "baseline")
-    assert all(not c.schema_names for c in caches.values())  # every schema unloaded after use
+    assert all(not c.schemas.names for c in caches.values())  # every schema unloaded after use
     assert len(summarize(records)) == len(shape)
 
 

@@ -184,7 +184,7 @@ def test_a_new_policy_over_a_kept_store_restores_the_documents_instead_of_comput
 
     def counting(self, *args, **kwargs):
         result = ask(self, *args, **kwargs)
-        encoded.append(self.documents_encoded)
+        encoded.append(self.documents.encoded)
         return result
 
     with pytest.MonkeyPatch.context() as patch:

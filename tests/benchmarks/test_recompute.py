@@ -113,7 +113,7 @@ def test_kv_items_are_swept_with_every_policy_paired_on_one_encoding(make_cache)
     share = {a.policy: a.recomputed_share for a in answers}
     assert share == {"baseline": 1.0, "0": 0.0, "all": 1.0}
     assert [a.gold_index for a in answers if a.policy == "baseline"] == [0, 1]
-    assert not cache.schema_names  # every item's schema unloaded
+    assert not cache.schemas.names  # every item's schema unloaded
 
 
 def test_versus_pairs_each_policy_with_the_other_runs_answers_by_question():
@@ -244,7 +244,7 @@ def test_several_encodings_pair_with_one_full_prefill_per_item(make_cache):
     for mode, f in outs.items():
         lines = [json.loads(line) for line in f.getvalue().splitlines()]
         assert [(r["index"], r["policy"]) for r in lines] == [(i, p) for i in (0, 1) for p in ("baseline", "0")]
-    assert not any(c.schema_names for c in caches.values())
+    assert not any(c.schemas.names for c in caches.values())
 
 
 def test_start_and_stop_answer_a_slice_of_the_whole_runs_items(tiny_model_path, tmp_path, monkeypatch):

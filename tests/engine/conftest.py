@@ -20,6 +20,7 @@ import pytest
 
 from pc_cpu.models import MODELS
 from tests.conftest import cache_factory, packaged_model_path
+from tests.engine.machinery import Engine
 
 
 # Fixtures that load a packaged model: a test that takes one is not part of the tiny-model pass.
@@ -71,3 +72,30 @@ def make_cache(engine_model):
     """Returns a factory of PromptCache objects (default: on `engine_model`); closes them after the test."""
     yield from cache_factory(engine_model)
 
+
+@pytest.fixture
+def make_engine(engine_model):
+    """Returns a factory of Engines: a cache's machinery, built from the same constructors (tests/engine/machinery.py).
+
+    Default: on `engine_model`, with make_cache's small defaults (n_ctx 1024, 2 threads, 16 sequences);
+    closes them after the test.
+    """
+    made = []
+
+    def make(model=None, **options):
+        options.setdefault("n_ctx", 1024)
+        options.setdefault("threads", 2)
+        options.setdefault("n_seq_max", 16)
+        engine = Engine(model or engine_model, **options)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in reversed(made):
+        engine.close()
+
+
+@pytest.fixture
+def engine(make_engine):
+    """Returns the machinery of a cache on `engine_model`, RAM tier only (store=False)."""
+    return make_engine(store=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pc_cpu.engine.llama.sequences import SequenceRoles
 from pc_cpu.errors import (ArgumentTooLongError, ContextBeyondTrainingError, ContextOverflowError, PromptCacheError,
                            SequenceBudgetError)
 
@@ -33,7 +34,7 @@ PROMPTS = {
 
 def assembled_positions(cache, prompt):
     plan = cache.plan(prompt)
-    with cache.prefilled(plan, use_cache=True) as assembled:
+    with cache.workbench.prefilled(plan, use_cache=True) as assembled:
         return plan, assembled.positions(), assembled.logits()
 
 
@@ -49,7 +50,7 @@ def test_assembled_cells_sit_at_the_plan_positions(make_cache, name):
 def test_plan_positions_follow_the_layout(make_cache):
     cache = make_cache()
     cache.load_schema(SCHEMA)
-    layout = cache.layout("trip")
+    layout = cache.schemas.layout("trip")
     plan = cache.plan(PROMPTS["union-short-gap"])
     food, tokyo = layout.modules["food"], layout.modules["tokyo"]
     positions = set(plan.positions)
@@ -66,7 +67,7 @@ def test_argument_is_computed_at_its_slot_even_after_a_gap(make_cache):
     cache = make_cache()
     cache.load_schema(SCHEMA)
     plan, found, _ = assembled_positions(cache, PROMPTS["param-after-short-arg"])
-    slot = cache.layout("trip").modules["budget"].params()["currency"]
+    slot = cache.schemas.layout("trip").modules["budget"].params()["currency"]
     assert slot.start in found
     assert found == list(plan.positions)
 
@@ -74,7 +75,7 @@ def test_argument_is_computed_at_its_slot_even_after_a_gap(make_cache):
 def test_exact_length_argument_fills_its_param(make_cache):
     cache = make_cache()
     cache.load_schema(SCHEMA)
-    slot = cache.layout("trip").modules["budget"].params()["amount"]
+    slot = cache.schemas.layout("trip").modules["budget"].params()["amount"]
     amount = cache.model.detokenize([cache.model.tokenize(" one", special=False)[0]] * len(slot.tokens))
     assert len(cache.model.tokenize(amount, special=False)) == len(slot.tokens)
     prompt = (f'<prompt schema="trip"><plan days="2"><budget amount="{amount}" currency="EUR"/></plan>'
@@ -99,7 +100,7 @@ def test_sequence_budget_evicts_and_is_a_clear_error_when_one_prompt_needs_more(
     # A folded schema's modules share positions: a prompt importing three needs three sequences at once.
     modules = "".join(f"<module name=\"d{i}\">" + f"document {i} " * 8 + "</module>" for i in range(12))
     cache.load_schema(f'<schema name="f">{modules}</schema>')
-    assert cache.layout("f").folded
+    assert cache.schemas.layout("f").folded
     with pytest.raises(SequenceBudgetError, match="raise n_seq_max"):
         cache.generate('<prompt schema="f"><d0/><d1/><d2/> and</prompt>', max_tokens=1)
 
@@ -120,18 +121,18 @@ def test_schema_longer_than_the_context_is_a_clear_error(make_cache):
 def test_module_cells_are_shared_not_copied(make_cache):
     cache = make_cache()
     cache.load_schema(SCHEMA)
-    before = cache.resident_cells
+    before = cache.schemas.resident_cells
     for _ in range(3):
         cache.generate(PROMPTS["union-long"], max_tokens=2)
-    assert cache.resident_cells == before == cache.layout("trip").cached_cells
+    assert cache.schemas.resident_cells == before == cache.schemas.layout("trip").cached_cells
 
 
 def test_reloading_a_changed_schema_replaces_its_modules(make_cache):
     cache = make_cache()
     cache.load_schema('<schema name="s"><module name="a">first version</module></schema>')
     cache.load_schema('<schema name="s"><module name="b">second version, longer text</module></schema>')
-    assert cache.resident_cells == cache.layout("s").cached_cells
-    assert "b" in cache.layout("s").modules and "a" not in cache.layout("s").modules
+    assert cache.schemas.resident_cells == cache.schemas.layout("s").cached_cells
+    assert "b" in cache.schemas.layout("s").modules and "a" not in cache.schemas.layout("s").modules
 
 
 @pytest.mark.tiny_only  # one model is enough: the check reads the GGUF's training context
@@ -147,7 +148,7 @@ def test_a_context_beyond_the_models_training_context_is_refused(make_cache):
 def test_parallel_leaves_a_sequence_for_modules(make_cache):
     with pytest.raises(PromptCacheError, match=r"parallel=5: must be 1..n_seq_max-4 \(4\); three sequences are"):
         make_cache(n_seq_max=8, parallel=5)
+    assert SequenceRoles.for_contexts(4, 8).hold == 7  # the roles of the cache below: one library sequence
     cache = make_cache(n_seq_max=8, parallel=4)  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
-    assert cache.engine.roles.hold == 7
     cache.load_schema(SCHEMA)
     assert cache.generate('<prompt schema="trip"><plan days="2"/></prompt>', max_tokens=2).modules

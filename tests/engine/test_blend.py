@@ -58,7 +58,7 @@ def test_the_cut_down_probe_computes_the_full_models_early_layer(tmp_path, make_
     cache = make_cache(deep)
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="all")
-    with cache.prefilled(plan, use_cache=True) as prefilled:
+    with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
         pos, k, v = state_blob.layer_kv(prefilled.cells(), PROBE_LAYERS - 1)
     probe = Probe(cache.model, n_ctx=1024, threads=2, flash_attn=None, directory=tmp_path)
     try:
@@ -76,7 +76,7 @@ def test_layer_values_read_the_same_with_v_transposed_or_not(make_cache):
     for flash in (True, False):
         cache = make_cache(flash_attn=flash)
         cache.load_schema(DOCS)
-        with cache.prefilled(cache.plan(GAP_FREE), use_cache=False) as prefilled:
+        with cache.workbench.prefilled(cache.plan(GAP_FREE), use_cache=False) as prefilled:
             values.append(state_blob.layer_kv(prefilled.cells(), 1))
     (p1, k1, v1), (p2, k2, v2) = values
     assert p1.tolist() == p2.tolist()
@@ -96,7 +96,7 @@ def test_selecting_everything_gives_the_full_prefill_answer(make_cache):
     module_cells = sum(len(op.tokens) for op in plan.ops if getattr(op, "module", "#root") != "#root")
     assert plan.selected_tokens == module_cells > 0
     got = cache.generate(GAP_FREE, max_tokens=8, recompute="select:100%")
-    assert len(cache.blender.last_selected) == plan.selected_tokens
+    assert len(cache.workbench.blender.last_selected) == plan.selected_tokens
     assert got.token_ids == fresh.generate(GAP_FREE, max_tokens=8, use_cache=False).token_ids
 
 
@@ -114,10 +114,10 @@ def test_module_by_module_refresh_recomputes_the_same_cells(make_cache):
     chosen = {}
     for policy in ("select:40%", "select:40%@module"):
         plan = cache.plan(GAP_FREE, recompute=policy)
-        with cache.prefilled(plan, use_cache=True) as prefilled:
+        with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
             found = prefilled.positions()
         assert found == list(plan.positions)  # every cell in place, none doubled
-        chosen[policy] = cache.blender.last_selected
+        chosen[policy] = cache.workbench.blender.last_selected
     assert chosen["select:40%"] == chosen["select:40%@module"] and chosen["select:40%"]
 
 
@@ -125,16 +125,16 @@ def test_selection_recomputes_the_most_deviating_cells_in_place(make_cache):
     cache = make_cache()
     cache.load_schema(DOCS)
     plan = cache.plan(GAP_FREE, recompute="select:30%")
-    with cache.prefilled(plan, use_cache=True) as prefilled:
+    with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
         found = prefilled.positions()
-    blender = cache.blender
+    blender = cache.workbench.blender
     assert found == list(plan.positions)
     assert len(blender.last_selected) == plan.selected_tokens > 0
     # The chosen ones are the largest deviations between the cached cells and the probe's prefill.
     head = type(plan)(plan.schema, plan.ops[:-1], plan.modules)
     # The probe's last layer, in the cache that holds it (on Gemma 3 the window layers' cache).
     section, index = blender.probe.layer
-    with cache.prefilled(type(plan)(plan.schema, plan.ops, plan.modules), use_cache=True) as prefilled:  # select 0
+    with cache.workbench.prefilled(type(plan)(plan.schema, plan.ops, plan.modules), use_cache=True) as prefilled:  # select 0
         cached = state_blob.layer_kv(prefilled.cells(), index, section=section)
     candidates = np.array([p for op in head.ops if getattr(op, "module", "#root") != "#root"
                            for p in range(op.start, op.end)])
@@ -152,15 +152,20 @@ def test_select_zero_is_the_cached_answer(make_cache):
 
 
 @pytest.mark.tiny_only  # a real model rounds a token by the batch it is in, and that batch is other prompts
-def test_concurrent_prompts_with_selection_get_their_single_request_answers(make_cache):
+def test_concurrent_prompts_with_selection_get_their_single_request_answers(make_engine):
+    # The machinery as a PromptCache builds it (tests/engine/machinery.py Engine), its scheduler running the prompts.
     from tests.engine.test_scheduler import QUESTIONS, SCHEMA, prompt, run_in_threads
 
-    cache = make_cache(parallel=4)
-    cache.load_schema(SCHEMA)
+    engine = make_engine(parallel=4)
+    layout = engine.load(SCHEMA)
     policies = ["select:30%", "tail:4", "select:60%", "0"] * 2
     work = list(zip(QUESTIONS, policies))
-    alone = [cache.generate(prompt(q), max_tokens=12, recompute=p).token_ids for q, p in work]
-    together = run_in_threads(lambda w: cache.generate(prompt(w[0]), max_tokens=12, recompute=w[1]).token_ids, work)
+
+    def answer(question: str, policy: str) -> list[int]:
+        return engine.generate(layout, prompt(question), max_tokens=12, recompute=policy).token_ids
+
+    alone = [answer(q, p) for q, p in work]
+    together = run_in_threads(lambda w: answer(*w), work)
     assert together == alone
     # Every borrowed sequence was handed back empty: the next prompt finds them idle again.
-    assert all(cache.engine.ctx.seq_pos_max(seq) == -1 for seq in cache.engine.modules.resident.idle_seqs())
+    assert all(engine.ctx.seq_pos_max(seq) == -1 for seq in engine.resident.idle_seqs())

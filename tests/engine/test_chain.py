@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.errors import EngineError
+from pc_cpu.errors import EngineError, PromptCacheError
 from tests.conftest import batched_prefill_logits, prefill_logits
 
 DOC_A = "The lighthouse keeper climbed the spiral stairs every evening at dusk and trimmed the wick."
@@ -27,7 +27,7 @@ def test_two_chained_modules_give_the_full_prefill_logits(make_cache):
     schema = SCHEMA.replace("<user>", "").replace("</user>", "")
     chain = make_cache(encoding="chain")
     cached = prefill_logits(chain, schema, prompt("<a/><b/>"), use_cache=True)
-    a, b = chain.layout("s").modules["a"], chain.layout("s").modules["b"]
+    a, b = chain.schemas.layout("s").modules["a"], chain.schemas.layout("s").modules["b"]
     baseline = batched_prefill_logits(make_cache(), schema, prompt("<a/><b/>"), [a.start, b.start, b.end])
     preamble = prefill_logits(make_cache(), schema, prompt("<a/><b/>"), use_cache=True)
 
@@ -38,7 +38,7 @@ def test_two_chained_modules_give_the_full_prefill_logits(make_cache):
 def on_demand_logits(cache, imports: str):
     """Returns the last-token logits of the prompt, its encodings made resident only as the prompt needs them."""
     cache.load_schema(SCHEMA, encode=False)
-    with cache.prefilled(cache.plan(prompt(imports)), use_cache=True) as prefilled:
+    with cache.workbench.prefilled(cache.plan(prompt(imports)), use_cache=True) as prefilled:
         return prefilled.logits()
 
 
@@ -51,7 +51,7 @@ def test_module_encoded_on_demand_is_computed_after_its_whole_chain(make_cache):
 
     assert np.abs(lazy - eager).max() == 0.0
     assert np.abs(preamble - eager).max() > 0.0
-    assert lazy_cache.modules_encoded == 4  # ROOT's preamble, a, b, c
+    assert lazy_cache.schemas.encoded == 4  # ROOT's preamble, a, b, c
 
 
 def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_path):
@@ -61,18 +61,17 @@ def test_stored_chain_module_is_restored_without_its_neighbours(make_cache, tmp_
     got = on_demand_logits(second, "<c/>")
 
     assert np.abs(got - expected).max() == 0.0
-    assert second.modules_encoded == 0
-    assert not second.engine.modules.resident.contains(("s", "b"))
+    assert second.schemas.encoded == 0
+    with pytest.raises(PromptCacheError, match="'b' of schema 's' is not resident"):
+        second.schemas.cells("s", "b")  # c's cells were restored, not computed: b was not needed
 
 
-def test_chain_module_whose_neighbour_is_not_resident_is_refused_not_computed_afresh(make_cache):
-    cache = make_cache(encoding="chain")
-    cache.load_schema(SCHEMA, encode=False)
-    layout = cache.layout("s")
-    modules = cache.engine.modules
+def test_chain_module_whose_neighbour_is_not_resident_is_refused_not_computed_afresh(make_engine):
+    engine = make_engine(encoding="chain")
+    layout = engine.layout(SCHEMA)  # laid out, nothing encoded
 
     with pytest.raises(EngineError, match=r"\['a'\] must be resident"):
-        modules.encoder.encode(layout, "b", cache.engine.roles.libraries[0], lambda other: None if other == "a" else 0)
+        engine.modules.encoder.encode(layout, "b", engine.roles.libraries[0], lambda other: None if other == "a" else 0)
 
 
 # tiny_only: chain links are computed in the library, among other cells, so the small and the large
@@ -88,12 +87,13 @@ def test_a_context_too_small_for_the_schema_keeps_the_preamble_while_encoding_th
     # the prompt below must bring the chain back (store=False: by encoding it again, after its neighbours).
     filler = '<schema name="filler"><module name="f">' + DOC_A * 6 + "</module></schema>"
     small.load_schema(filler)
-    assert small.resident_cells - small.layout("filler").cached_cells < small.inspect_schema(long).cached_cells
+    schemas = small.schemas
+    assert schemas.resident_cells - schemas.layout("filler").cached_cells < schemas.inspect(long).cached_cells
     logits = {}
     for name, cache in (("small", small), ("big", make_cache(encoding="chain", store=False)),
                         ("preamble", make_cache(store=False))):
         cache.load_schema(long)
-        with cache.prefilled(cache.plan(prompt("<c/>")), use_cache=True) as prefilled:
+        with cache.workbench.prefilled(cache.plan(prompt("<c/>")), use_cache=True) as prefilled:
             logits[name] = prefilled.logits()
 
     # Not bit-equal: other cell slots in a smaller context change attention's summation order.

@@ -64,7 +64,7 @@ def test_a_turn_sent_before_the_repair_computes_the_answer_again_and_answers_as_
     for turn, result in enumerate(results):
         assert result.token_ids == cache.chat(messages[:2 + 2 * turn], max_tokens=8, use_cache=False).token_ids
     first, second, _ = results
-    layout = cache.chat_prompt(messages[:3], add_generation_prompt=False)
+    layout = cache.conversations.prompt(messages[:3], add_generation_prompt=False)
     start, end = layout.answers[-1]
     assert layout.tokens[start:end] == tuple(first.token_ids)  # the text sent back gives the generated tokens
     # Its prompt exactly: the answer's cells as generated are not kept but computed again, as the full prefill does.
@@ -89,7 +89,7 @@ def test_history_comes_back_from_the_disk_tier_in_a_new_process(make_tiny, tmp_p
     cache = make_tiny(n_ctx=2048, store=tmp_path)
     result = cache.chat(messages, max_tokens=12)
     assert result.tiers == {"#conversation": "disk"}
-    assert result.cached_tokens == cache.chat_prompt(messages[:-1], add_generation_prompt=False).answers[-1][1]
+    assert result.cached_tokens == cache.conversations.prompt(messages[:-1], add_generation_prompt=False).answers[-1][1]
     assert result.token_ids == cache.chat(messages, max_tokens=12, use_cache=False).token_ids
 
 
@@ -129,7 +129,7 @@ def test_an_edited_earlier_message_reuses_the_turns_before_it(make_tiny):
     _, messages = talk(cache, QUESTIONS)
     edited = messages[:3] + [{"role": "user", "content": "What is it famous for, in one word?"}]
     result = cache.chat(edited, max_tokens=12)
-    reused_until = cache.chat_prompt(messages[:3], add_generation_prompt=False).answers[-1][1]
+    reused_until = cache.conversations.prompt(messages[:3], add_generation_prompt=False).answers[-1][1]
     assert result.cached_tokens == reused_until
     assert result.token_ids == cache.chat(edited, max_tokens=12, use_cache=False).token_ids
 
@@ -140,7 +140,7 @@ def test_an_answer_sent_back_changed_is_matched_on_tokens(make_tiny):
     messages[-1]["content"] = "Something else entirely."
     messages.append({"role": "user", "content": QUESTIONS[1]})
     result = cache.chat(messages, max_tokens=12)
-    answer_start = cache.chat_prompt(messages[:3], add_generation_prompt=False).answers[-1][0]
+    answer_start = cache.conversations.prompt(messages[:3], add_generation_prompt=False).answers[-1][0]
     assert result.cached_tokens == answer_start  # the turn before the changed answer, not the answer
     assert result.token_ids == cache.chat(messages, max_tokens=12, use_cache=False).token_ids
 
@@ -154,7 +154,7 @@ def test_an_answer_stopped_early_keeps_the_turn_computed_so_far(make_tiny):
     cache.wait_idle()
     again = cache.chat(messages + [{"role": "assistant", "content": "Paris."},
                                    {"role": "user", "content": QUESTIONS[1]}], max_tokens=4)
-    assert again.cached_tokens >= cache.chat_prompt(messages).end - 1 - 8  # at most its last call computed again
+    assert again.cached_tokens >= cache.conversations.prompt(messages).end - 1 - 8  # at most its last call computed again
 
 
 def test_a_history_longer_than_the_context_is_refused_naming_the_sizes(make_tiny):
@@ -179,7 +179,7 @@ def test_a_follow_up_over_documents_reuses_the_whole_previous_turn(make_smollm2_
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "How long is the viaduct?"}]
     second = cache.chat(messages, documents=docs, max_tokens=12)
     assert second.cached_tokens >= first.prompt_tokens and second.tiers == {"#conversation": "context"}
-    layout = cache.chat_prompt(messages)
+    layout = cache.conversations.prompt(messages)
     assert second.prompt_tokens > layout.end  # the documents sit in the prompt too
 
 
@@ -192,11 +192,11 @@ def test_documents_in_a_conversation_take_the_encoding_ask_takes_on_the_model(ma
     cache = make_smollm2_cache(n_ctx=2048, store=tmp_path / "store")  # a store of its own: nothing found
     docs = [cache.add_document("The Calder Light was kept by Agnes Moir from 1931 to 1962.", name="light"),
             cache.add_document("The Kessel viaduct is 212 metres long.", name="viaduct")]
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     cache.chat([{"role": "user", "content": "Who kept the light?"}], documents=docs, max_tokens=2)
     # The conversation's preamble, then light after it; viaduct after it too ("preamble"), or after
     # the preamble and light, its stand-in, computed as a context first ("library").
-    assert cache.documents_encoded - encoded == {"preamble": 3, "library": 4}[encoding]
+    assert cache.documents.encoded - encoded == {"preamble": 3, "library": 4}[encoding]
 
 
 # Long enough turns that the ones after an edit hold runs worth moving (pc_cpu.pml.chat.MIN_MOVED_TOKENS).
@@ -226,7 +226,7 @@ def test_after_edit_reuse_moves_the_turns_after_the_edit_and_the_next_turn_is_ex
     new_text = len(cache.model.tokenize(text, special=False)) + len(cache.model.tokenize(edited[-1]["content"],
                                                                                         special=False))
     assert result.uncached_tokens <= new_text + 16
-    assert result.cached_tokens + result.uncached_tokens == cache.chat_prompt(edited).end
+    assert result.cached_tokens + result.uncached_tokens == cache.conversations.prompt(edited).end
     assert result.tiers == {"#conversation": "context"} and result.token_ids
     baseline = cache.chat(edited, max_tokens=12, use_cache=False)
     assert result.prompt_tokens == baseline.prompt_tokens
@@ -248,7 +248,7 @@ def test_after_edit_reuse_finds_the_old_turns_in_ram_when_the_slot_is_gone(make_
     edited = edited_conversation(messages, 1, "Tell me about seas.")
     result = cache.chat(edited, max_tokens=12, after_edit="reuse")
     assert result.tiers == {"#conversation": "ram"}
-    assert result.cached_tokens > cache.chat_prompt(edited).end - 40 and result.token_ids
+    assert result.cached_tokens > cache.conversations.prompt(edited).end - 40 and result.token_ids
 
 
 def test_after_edit_must_be_recompute_or_reuse(make_tiny):
@@ -272,7 +272,7 @@ def test_a_conversation_is_stored_once_however_many_turns_it_has(make_tiny, tmp_
     _, messages = talk(cache, QUESTIONS)
     cache.close()
     stored = [entry for entry in DiskStore(tmp_path).ls() if entry.key.mode == "chat"]
-    whole = make_tiny(n_ctx=2048, store=False).chat_prompt(messages, add_generation_prompt=False)
+    whole = make_tiny(n_ctx=2048, store=False).conversations.prompt(messages, add_generation_prompt=False)
     assert [entry.n_tokens for entry in stored] == [whole.answers[-1][1]]  # the last tip: every turn's cells
 
 

@@ -36,15 +36,15 @@ def guide(long):
 @pytest.mark.tiny_only  # the token counts below are those of SmolLM2's tokenizer (the tiny model's)
 def test_compiled_prompt_loads_its_schema_on_first_use_and_imports_what_its_arguments_pick(make_cache):
     cache = make_cache()
-    assert travel.name not in cache.schema_names
+    assert travel.name not in cache.schemas.names
     long = cache.generate(travel(city="Paris", long=True).with_user("Plan it."), max_tokens=4)
-    assert travel.name in cache.schema_names
+    assert travel.name in cache.schemas.names
     assert long.modules == ["travel-city", "travel-long"] and len(long.token_ids) == 4
-    encoded = cache.modules_encoded
+    encoded = cache.schemas.encoded
     short = cache.generate(travel(city="Rome", long=False), max_tokens=4)
     assert short.modules == ["travel-city", "travel-long-else"]  # the else branch: the union's other member
-    assert set(short.tiers.values()) == {"context"} and cache.modules_encoded == encoded  # loaded once
-    layout = cache.layout(travel.name)
+    assert set(short.tiers.values()) == {"context"} and cache.schemas.encoded == encoded  # loaded once
+    layout = cache.schemas.layout(travel.name)
     assert layout.modules["travel-long"].start == layout.modules["travel-long-else"].start
     # Cached: both modules but the 4-token param slot and the last token, decoded for its logits,
     # plus the BOS token of the preamble on models that add one (Gemma 3).
@@ -59,7 +59,7 @@ def test_compiled_union_member_after_the_schema_text_gives_the_full_prefill_logi
     prompt = guide(long=long).with_user("Plan it.")
     cache = make_cache()
     cached = prefill_logits(cache, guide.schema_pml, prompt, use_cache=True)
-    member = cache.layout(guide.name).modules[cache.plan(prompt).modules[-1]]
+    member = cache.schemas.layout(guide.name).modules[cache.plan(prompt).modules[-1]]
     # A fresh context, in the batches the cache computed the tokens in (batched_prefill_logits says why).
     baseline = batched_prefill_logits(make_cache(), guide.schema_pml, prompt, [member.start, member.end])
     assert np.abs(cached - baseline).max() == 0.0

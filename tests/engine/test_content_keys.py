@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.pml.encoding import encoding_keys, module_segments, scaffold_key, scaffold_segment
+from pc_cpu.pml.encoding import encoding_keys, home_shift, module_segments, scaffold_key, scaffold_segment
 from pc_cpu.kvstate import state_blob
 from tests.engine.test_determinism import prompt_logits
 
@@ -21,11 +21,11 @@ def notes(name: str, count: int, *, system: str = SYSTEM) -> str:
 def test_the_same_text_in_two_schemas_is_encoded_once(make_cache, tmp_path):
     cache = make_cache(store=tmp_path / "store")
     cache.load_schema(notes("a", 3))
-    encoded = cache.modules_encoded
-    cells = cache.resident_cells
+    encoded = cache.schemas.encoded
+    cells = cache.schemas.resident_cells
     cache.load_schema(notes("b", 3))  # another name, the same system message and notes at the same positions
-    assert cache.modules_encoded == encoded
-    assert cache.resident_cells == cells  # one set of cells serves both schemas
+    assert cache.schemas.encoded == encoded
+    assert cache.schemas.resident_cells == cells  # one set of cells serves both schemas
     result = cache.generate('<prompt schema="b"><n1/><user>How many boxes on shelf 1?</user></prompt>', max_tokens=2)
     assert set(result.tiers.values()) == {"context"}
 
@@ -37,19 +37,19 @@ def test_appending_a_module_encodes_that_module_only(make_cache, tmp_path):
     first.close()
     second = make_cache(store=store)  # another process: only the store is shared
     second.load_schema(notes("lib", 21))
-    assert second.modules_encoded == 1
+    assert second.schemas.encoded == 1
     third = make_cache(store=store)
     third.load_schema(notes("lib", 22))
-    assert third.modules_encoded == 1
+    assert third.schemas.encoded == 1
 
 
 def test_another_system_message_encodes_everything_after_it_again(make_cache):
     # The modules attended to the system message: their cells depend on it, and so does the key.
     cache = make_cache(store=False)
     cache.load_schema(notes("a", 2))
-    before = cache.modules_encoded
+    before = cache.schemas.encoded
     cache.load_schema(notes("b", 2, system="<system>Answer in French.</system>"))
-    assert cache.modules_encoded - before == len(encoding_keys(cache.layout("b"), cache.encoding))
+    assert cache.schemas.encoded - before == len(encoding_keys(cache.schemas.layout("b"), cache.schemas.mode))
 
 
 @pytest.mark.tiny_only
@@ -62,7 +62,7 @@ def test_a_module_nearly_as_long_as_the_context_loads(make_cache, tmp_path):
     cache = make_cache(write_tiny_llama_gguf(tmp_path / "tiny-8k.gguf", context_length=8192), n_ctx=8192, store=False)
     text = " ".join(f"w{i % 97}" for i in range(2400))
     schema = f'<schema name="long"><module name="doc">{text}</module></schema>'
-    layout = cache.inspect_schema(schema)
+    layout = cache.schemas.inspect(schema)
     assert 4600 <= layout.modules["doc"].end - layout.modules["doc"].start < 8192 // 2 * 2
     cache.load_schema(schema)
     result = cache.generate('<prompt schema="long"><doc/> And then</prompt>', max_tokens=2)
@@ -73,14 +73,14 @@ def test_a_module_nearly_as_long_as_the_context_loads(make_cache, tmp_path):
 def test_a_schema_three_times_the_context_loads_and_answers(make_cache, tmp_path):
     cache = make_cache(n_ctx=256, store=tmp_path / "store")
     schema = notes("big", 60)
-    assert cache.inspect_schema(schema).length <= 256  # folded: every note right after the system message
+    assert cache.schemas.inspect(schema).length <= 256  # folded: every note right after the system message
     from pc_cpu.pml.layout import build_layout
     from pc_cpu.pml.schema import parse_schema
 
-    assert build_layout(parse_schema(schema), cache.model, cache.markup).length > 3 * 256
+    assert build_layout(parse_schema(schema), cache.model, cache.schemas.markup).length > 3 * 256
     cache.load_schema(schema)
-    assert cache.modules_encoded == 61  # the preamble and each note, once
-    assert cache.resident_cells <= cache.n_ctx
+    assert cache.schemas.encoded == 61  # the preamble and each note, once
+    assert cache.schemas.resident_cells <= cache.n_ctx
     result = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3)
     assert result.modules == ["n42", "n7", "n0"] and result.finish_reason in ("stop", "length")
     baseline = cache.generate('<prompt schema="big"><n42/><n7/><n0/><user>Shelf 7?</user></prompt>', max_tokens=3,
@@ -95,9 +95,9 @@ def test_lengthening_a_module_encodes_that_module_only(make_cache, tmp_path):
     cache.load_schema(notes("lib", 4))
     edited = notes("lib", 4).replace("Note 1: shelf 1 holds 7 boxes of tea.",
                                      "Note 1: shelf 1 holds 7 boxes of green and black tea from Assam.")
-    before = cache.modules_encoded
+    before = cache.schemas.encoded
     cache.load_schema(edited)
-    assert cache.modules_encoded - before == 1
+    assert cache.schemas.encoded - before == 1
 
 
 def test_a_moved_module_answers_as_in_a_cold_process(make_cache, tmp_path):
@@ -114,26 +114,31 @@ def test_a_moved_module_answers_as_in_a_cold_process(make_cache, tmp_path):
     cold = make_cache(store=tmp_path / "cold")
     cold.load_schema(edited)
     fresh = cold.generate(prompt, max_tokens=6)
-    assert warm.modules_encoded == 1  # n0 only
-    assert warm.engine.modules.shift_of(warm.layout("lib"), "n2") != 0
+    assert warm.schemas.encoded == 1  # n0 only
+    assert home_shift(warm.schemas.layout("lib"), "n2", warm.schemas.mode) != 0  # n2 was computed at home, moved
     assert moved.token_ids == fresh.token_ids and len(moved.token_ids) > 0
     assert prompt_logits(warm, prompt).tobytes() == prompt_logits(cold, prompt).tobytes()
 
 
-def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(make_cache):
+def test_a_module_computed_at_home_and_moved_holds_the_cells_computed_in_place(engine):
     # RoPE is relative, so the home computation moved into place gives the in-place cells up to
     # rounding. Layer 0 shows the move alone: V equal, K within F16 rotation rounding (measured
     # 3e-4 relative; a shift off by one position is 0.13-0.23). Layer 1 shows both attended to the
     # same context (measured 0.1-1.1%: activations are quantized for the matmuls, which amplifies rounding).
-    cache = make_cache(store=False)
-    cache.load_schema(notes("lib", 3))
-    layout = cache.layout("lib")
-    assert cache.engine.modules.shift_of(layout, "n2") > 0
-    (job,) = module_segments(layout, "n2", cache.encoding)  # in place: the context right before the run
+    layout = engine.load(notes("lib", 3))
+    assert engine.modules.shift_of(layout, "n2") > 0
+    (job,) = module_segments(layout, "n2", engine.mode)  # in place: the context right before the run
     # sliding-window models compute in the library context, in whole-state spans
-    in_place = state_blob.splice(cache.engine.modules.encoder.compute_apart(job))
-    moved = cache.encoding_cells("lib", "n2")
+    in_place = state_blob.splice(engine.modules.encoder.compute_apart(job))
+    moved = resident_cells(engine, layout, "n2")
     check_moved_cells(moved, in_place, list(range(job.start, job.end)))
+
+
+def resident_cells(engine, layout, key: str) -> bytes:
+    """Returns the resident cells of encoding `key` of `layout`, at its layout positions (as Schemas.cells reads them)."""
+    seq = engine.modules.sequence_of(layout, key)
+    assert seq is not None, f"{key} is not resident"
+    return engine.modules.resident_cells(layout, key, seq)
 
 
 def check_moved_cells(moved, in_place, positions: list[int]) -> None:
@@ -175,8 +180,8 @@ def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_ca
     first.close()
     warm = make_cache(store=tmp_path / "warm", flash_attn=flash_attn)
     warm.load_schema(edited)
-    assert warm.modules_encoded == 1  # intro only: a, b and the scaffold come from the store, moved
-    assert warm.engine.modules.shift_of(warm.layout("sc"), scaffold_key("both")) > 0
+    assert warm.schemas.encoded == 1  # intro only: a, b and the scaffold come from the store, moved
+    assert home_shift(warm.schemas.layout("sc"), scaffold_key("both"), warm.schemas.mode) > 0  # moved
     moved = warm.generate(prompt, max_tokens=6)
     cold = make_cache(store=tmp_path / "cold", flash_attn=flash_attn)
     cold.load_schema(edited)
@@ -185,15 +190,14 @@ def test_lengthening_a_module_before_a_scaffold_encodes_that_module_only(make_ca
     assert prompt_logits(warm, prompt).tobytes() == prompt_logits(cold, prompt).tobytes()
 
 
-def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place(make_cache):
+def test_a_scaffold_computed_at_home_and_moved_holds_the_cells_computed_in_place(engine):
     # Each run is moved from where it was computed (back to back) to its place in the layout, and
     # the whole scaffold from its home: the cells must sit at the layout's positions, as computed there.
-    cache = make_cache(store=False)
-    cache.load_schema(scaffolded("The tea shop's notes, kept by the owner since 1990."))
-    layout, key = cache.layout("sc"), scaffold_key("both")
-    assert cache.engine.modules.shift_of(layout, key) > 0
-    job = scaffold_segment(layout, "both", cache.encoding)  # in place: the context right before the first run
+    layout = engine.load(scaffolded("The tea shop's notes, kept by the owner since 1990."))
+    key = scaffold_key("both")
+    assert engine.modules.shift_of(layout, key) > 0
+    job = scaffold_segment(layout, "both", engine.mode)  # in place: the context right before the first run
     assert len(job.runs) == 2  # a gap between them
-    in_place = state_blob.splice(cache.engine.modules.encoder.compute_apart(job))
-    moved = cache.encoding_cells("sc", key)
+    in_place = state_blob.splice(engine.modules.encoder.compute_apart(job))
+    moved = resident_cells(engine, layout, key)
     check_moved_cells(moved, in_place, [p for run in job.runs for p in range(run.start, run.end)])

@@ -40,7 +40,7 @@ def answers(cache, max_tokens: int = 12) -> tuple[list, list[set[str]]]:
 
 def prompt_logits(cache, prompt: str, *, use_cache: bool = True) -> np.ndarray:
     """Returns the logits after the prompt's last token, its cells built as generate builds them."""
-    with cache.prefilled(cache.plan(prompt), use_cache=use_cache) as prefilled:
+    with cache.workbench.prefilled(cache.plan(prompt), use_cache=use_cache) as prefilled:
         return prefilled.logits()
 
 
@@ -82,9 +82,9 @@ def test_a_prefix_module_is_exact_after_evictions_and_restores(make_cache):
     cache.generate(PROMPTS[1], max_tokens=2)  # restores some modules into the holes
     prompt = '<prompt schema="lib"><p0/><user>Who climbed the stairs?</user></prompt>'
     plan = cache.plan(prompt)
-    with cache.prefilled(plan, use_cache=True) as prefilled:
+    with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
         cached = prefilled.logits()
-    module = cache.layout("lib").modules["p0"]
+    module = cache.schemas.layout("lib").modules["p0"]
     # A fresh context, in the batches the cache computed the tokens in (batched_prefill_logits says why).
     baseline = batched_prefill_logits(make_cache(), SCHEMA, prompt, [module.start, module.end])
     assert plan.cached_tokens > 0
@@ -136,11 +136,11 @@ def test_full_prefill_of_a_prompts_tokens_is_the_uncached_prompt(make_cache):
     cache.load_schema(SCHEMA)
     plan = cache.plan(PROMPTS[2])
     uncached = prompt_logits(cache, PROMPTS[2], use_cache=False)
-    with cache.full_prefill(plan.tokens, batch_starts=[lo for lo, _ in plan.calls]) as prefilled:
+    with cache.workbench.full_prefill(plan.tokens, batch_starts=[lo for lo, _ in plan.calls]) as prefilled:
         assert prefilled.end == len(plan.tokens)
         assert prefilled.positions() == list(range(len(plan.tokens)))
         assert prefilled.logits().tobytes() == uncached.tobytes()
     with pytest.raises(PromptCacheError, match="outside the"):
-        cache.full_prefill(plan.tokens, batch_starts=[len(plan.tokens)])
+        cache.workbench.full_prefill(plan.tokens, batch_starts=[len(plan.tokens)])
     with pytest.raises(PromptCacheError, match="no tokens"):
-        cache.full_prefill([])
+        cache.workbench.full_prefill([])

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from pc_cpu.document_settings import settings_for
 from pc_cpu.engine.prompts.document_cells import DocumentEncoder
 from pc_cpu.errors import DocumentError
-from pc_cpu.pml.recompute import parse_policy
 from pc_cpu.store.document_library import PREFIX_LABEL
 from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION
+from tests.engine.test_documents import prefix_key as stored_prefix_key
 from tests.engine.test_stream_reuse import count_calls
 
 OTHER = "Which river flows north?"
@@ -32,14 +31,8 @@ def baseline(cache, question, docs=None):
 
 
 def prefix_key(cache, question, docs=None):
-    prompt = cache.engine.documents.prompt(question, [cache.library.get(d).text for d in docs or cache.ids])
-    return cache.engine.documents.encoder.prefix_key(prompt), prompt
-
-
-def default_before(cache, docs):
-    """Returns the stand-ins `ask` encodes `docs` after on this model by default (None: the preamble alone)."""
-    encoding = settings_for(cache.model.path.name).fast.encoding
-    return cache.engine.documents.before(docs) if encoding == "library" else None
+    prompt = cache.documents.prompt(question, [cache.documents.library.get(d).text for d in docs or cache.ids])
+    return stored_prefix_key(cache, prompt), prompt
 
 
 def prefixes(cache) -> list:
@@ -120,35 +113,26 @@ def test_removing_a_document_removes_the_prefixes_holding_it(cache):
 
 
 def test_an_invalid_prefix_is_refused_naming_the_valid_ones_before_any_work(cache):
-    steps = cache.scheduler.stats.steps
+    steps = cache.workbench.scheduler.stats.steps
     for use_cache in (True, False):
         with pytest.raises(DocumentError, match="prefix='always' is not a prefix policy; use one of background, "
                                                 "first, off"):
             ask(cache, QUESTION, prefix="always", use_cache=use_cache)
-    assert cache.scheduler.stats.steps == steps
+    assert cache.workbench.scheduler.stats.steps == steps
 
 
 def test_a_question_arriving_while_the_prefix_is_computed_goes_first_and_the_prefix_is_computed_after(cache):
-    from time import perf_counter
-
-    from pc_cpu.cache import Stream
-    from pc_cpu.engine.llama.sampler import SamplingParams
-    from pc_cpu.engine.runtime.scheduler import Job
-
-    scheduler, prompts = cache.scheduler, cache.engine.prompts
+    scheduler = cache.workbench.scheduler
+    prompts = scheduler.prompts  # the prompt context, where the scheduler computes the prefix and the question
     prompts.n_batch = 16  # the prefix in several chunks (every path chunks alike)
-    docs = cache.engine.documents.resolve(cache.ids)
-    work = cache.engine.documents.work(OTHER, docs, names=cache.ids, system=None, order="given",
-                                policy=parse_policy(None), use_cache=True, prefix="background",
-                                before=default_before(cache, docs))
     arrived, stopped, idle_chunks = [], [], []
     decode, stop = prompts.decode, scheduler._stop_idle_run
 
     def decode_spy(tokens, positions, seq, **kwargs):
         if scheduler._idle_run is not None and not arrived:  # a chunk of the idle task: its 2nd brings the question
             idle_chunks.append(positions[-1] + 1)
-            if len(idle_chunks) == 2:
-                arrived.append(Stream(scheduler.submit(Job(work, SamplingParams(), 8, (), perf_counter()))))
+            if len(idle_chunks) == 2:  # asked from the scheduler's thread, which holds the (reentrant) context lock
+                arrived.append(cache.stream_ask(OTHER, documents=cache.ids, max_tokens=8))
         return decode(tokens, positions, seq, **kwargs)
 
     def stop_spy():
@@ -176,8 +160,9 @@ def test_a_question_sent_right_after_an_answer_goes_before_that_answers_prefix(c
     monkeypatch.setattr(document_prompt, "PREFIX_DELAY_S", 600.0)
     ask(cache, QUESTION)
     key, _ = prefix_key(cache, QUESTION)
-    starts, decode = [], cache.engine.prompts.decode
-    monkeypatch.setattr(cache.engine.prompts, "decode", lambda tokens, positions, seq, **kw: (
+    prompts = cache.workbench.scheduler.prompts  # the prompt context, where the question's tail is computed
+    starts, decode = [], prompts.decode
+    monkeypatch.setattr(prompts, "decode", lambda tokens, positions, seq, **kw: (
         starts.append(positions[0]), decode(tokens, positions, seq, **kw))[1])
     assert not cache.wait_idle(timeout=0.5) and not cache.store.contains(key)  # waiting for its delay
     assert ask(cache, OTHER).token_ids  # the same documents: every encoding there, nothing to compute but the tail

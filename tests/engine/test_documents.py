@@ -12,8 +12,11 @@ from pc_cpu.document_settings import setting
 from pc_cpu.engine.prompts.document_prompt import DocumentWork
 from pc_cpu.engine.prompts.document_cells import SavedCells
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
-from pc_cpu.pml.document_layout import document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens
+from pc_cpu.pml.document_layout import (DOCUMENT_MODE, document_id, document_tokens, layout_documents, prefix_content,
+                                        preamble_tokens, tail_tokens)
 from pc_cpu.kvstate import native, ops, state_blob
+from pc_cpu.store.document_library import prefix_label
+from pc_cpu.store.keys import StoreKey
 from tests.engine.test_scaffold import layer0_keys
 
 PARIS = "The Eiffel Tower stands in Paris. It is 330 metres tall and was finished in 1889."
@@ -30,39 +33,66 @@ def cache_with_store(make_cache, tmp_path):
 
 
 def _prompt(cache, question, docs, system=None):
-    return layout_documents(preamble_tokens(system, cache.model, cache.markup),
-                            [(d, document_tokens(cache.library.get(d).text, cache.model)) for d in docs],
-                            tail_tokens(question, cache.model, cache.markup))
+    markup = cache.schemas.markup
+    return layout_documents(preamble_tokens(system, cache.model, markup),
+                            [(d, document_tokens(cache.documents.library.get(d).text, cache.model)) for d in docs],
+                            tail_tokens(question, cache.model, markup))
 
 
 def cached_logits(cache, question, docs, system=None, recompute=None, *, state=False):
     """Returns the last-token logits of the cached document prompt, built in prompt stream 0 (and its state)."""
-    with cache.prefilled_ask(question, documents=docs, system=system, recompute=recompute,
-                             encoding="preamble") as prefilled:  # as _prompt lays them out
+    with cache.workbench.prefilled_ask(question, documents=docs, system=system, recompute=recompute,
+                                       encoding="preamble") as prefilled:  # as _prompt lays them out
         logits = prefilled.logits()
         blob = state_blob.restream(prefilled.cells(), 1) if state else None
     return (logits, blob) if state else logits
 
 
-def home_blob(cache, text):
-    """Returns the cells of `text` added as a document, as encoded at its home (no system message)."""
-    return cache.document_cells(cache.add_document(text))
-
-
 def prefill_logits(cache, tokens, splits):
     """Returns the last-token logits of `tokens` computed at 0..n-1 in prompt stream 0, in batches starting at `splits`."""
-    with cache.full_prefill(tokens, batch_starts=[s for s in splits if s < len(tokens)]) as prefilled:
+    with cache.workbench.full_prefill(tokens, batch_starts=[s for s in splits if s < len(tokens)]) as prefilled:
         return prefilled.logits()
+
+
+def prefix_key(cache, prompt) -> StoreKey:
+    """Returns the key the exact prefix of `prompt` is stored under (DocumentEncoder.prefix_key).
+
+    Its model id is the one every key of the cache's store has (a test's store holds one model's cells).
+    """
+    (model,) = {key.model for tier in cache.store.tiers for key in tier.keys()}
+    return StoreKey(model, prefix_content(prompt.tokens[:prompt.tail_start], prompt.prefix_cuts), DOCUMENT_MODE,
+                    label=prefix_label(doc.id for doc in prompt.documents))
+
+
+# --- the document encoder, built as a PromptCache builds it (tests/engine/machinery.py Engine) ---
+
+def home_blob(engine, text):
+    """Returns the cells of `text` added as a document, as encoded at its home (no system message)."""
+    doc = engine.add(text)
+    blob, _ = engine.encoder.document_blob(preamble_tokens(None, engine.model, engine.markup), doc,
+                                           document_tokens(text, engine.model))
+    return blob
+
+
+def assembled_logits(engine, question, docs):
+    """Returns the last-token logits of the question over `docs` assembled from their moved cells in stream 0."""
+    work = engine.question(question, docs)
+    work.prepare()
+    work.prefill(0)
+    try:
+        return engine.prompts.logits()
+    finally:
+        engine.prompts.seq_rm(0)
 
 
 def test_same_text_same_id_encoded_once_and_names_are_aliases(cache_with_store):
     cache = cache_with_store()
     first = cache.add_document(PARIS, name="paris")
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     assert cache.add_document(PARIS) == first and cache.add_document(PARIS, name="eiffel") == first
-    assert cache.documents_encoded == encoded  # nothing computed again
+    assert cache.documents.encoded == encoded  # nothing computed again
     assert cache.add_document(FUJI) != first
-    assert cache.library.resolve("paris").id == cache.library.resolve("eiffel").id == first
+    assert cache.documents.library.resolve("paris").id == cache.documents.library.resolve("eiffel").id == first
     result = cache.ask(QUESTION, documents=["eiffel"], max_tokens=3)
     assert result.modules == [first] and result.tiers[first] == "ram"
 
@@ -91,27 +121,27 @@ def test_a_document_at_its_home_equals_the_full_prefill_bit_for_bit(cache_with_s
     assert np.array_equal(cached, full)
 
 
-def test_relocating_by_zero_changes_no_byte(cache_with_store):
-    cache = cache_with_store()
-    if cache.engine.documents.encoder.ropes is None:
+def test_relocating_by_zero_changes_no_byte(make_engine, tmp_path):
+    engine = make_engine(store=tmp_path / "store")
+    if engine.encoder.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
-    blob = home_blob(cache, PARIS)
+    blob = home_blob(engine, PARIS)
     impl = native if native.available() else state_blob
-    assert bytes(impl.relocate(blob, 0, cache.engine.documents.encoder.ropes)) == blob
+    assert bytes(impl.relocate(blob, 0, engine.encoder.ropes)) == blob
 
 
-def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
+def test_the_one_pass_assembly_equals_moving_then_splicing(make_engine, tmp_path):
     # `ask` assembles a prompt with one call of the C library into a buffer it reuses; its bytes
     # must be those of the relocator then the splicer, and a view of the last prompt's bytes that
     # is still held (the buffer cannot grow under it) must not break the next prompt.
-    cache = cache_with_store()
-    encoder = cache.engine.documents.encoder
+    engine = make_engine(store=tmp_path / "store")
+    encoder = engine.encoder
     if encoder.ropes is None:
         pytest.skip("this model's documents are moved by llama.cpp's seq_add, not the relocator")
-    ids = [cache.add_document(text) for text in (PARIS, FUJI, PARIS + " It is also known for its cafes.")]
+    ids = [engine.add(text) for text in (PARIS, FUJI, PARIS + " It is also known for its cafes.")]
 
     def pieces(docs):
-        work = DocumentWork(_prompt(cache, QUESTION, docs), encoder, True)
+        work = DocumentWork(engine.document_prompt(QUESTION, docs), encoder, True)
         work.prepare()
         return work.pieces
 
@@ -125,25 +155,25 @@ def test_the_one_pass_assembly_equals_moving_then_splicing(cache_with_store):
     assert bytes(encoder.assembled(large)) == steps(large)
 
 
-def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_store):
+def test_a_moved_document_agrees_with_one_computed_at_that_position(make_engine, tmp_path):
     # RoPE makes attention depend on relative positions only, so a document computed after its
     # preamble and then moved by d equals, up to the F16 rounding of the re-rotation, the same
     # preamble and document computed d positions later. The first layer's K depends on nothing
     # else, and the prompt's logits must agree within a tolerance (measured in README "Documents").
-    cache = cache_with_store()
-    doc = cache.add_document(PARIS)
-    other = cache.add_document(FUJI)
-    prompt = _prompt(cache, QUESTION, [other, doc])
+    engine = make_engine(store=tmp_path / "store")
+    doc = engine.add(PARIS)
+    other = engine.add(FUJI)
+    prompt = engine.document_prompt(QUESTION, [other, doc])
     placed = prompt.documents[1]
     d = placed.start - prompt.home
-    work = cache.engine.prompts
+    work = engine.prompts
     work.decode(prompt.preamble, range(d, d + prompt.home), 0, logits_last=False)
     work.decode(placed.tokens, range(placed.start, placed.end), 0, logits_last=False)
     work.seq_rm(0, d, d + prompt.home)
     in_place_blob = state_blob.restream(work.state_get(0), 1)
     work.seq_rm(0)
-    home_blob, _ = cache.engine.documents.encoder.document_blob(prompt.preamble, doc, placed.tokens)
-    moved = layer0_keys(cache.engine.documents.encoder.move(SavedCells(home_blob, d), empty=0))  # as `ask` moves it on this model
+    home_blob, _ = engine.encoder.document_blob(prompt.preamble, doc, placed.tokens)
+    moved = layer0_keys(engine.encoder.move(SavedCells(home_blob, d), empty=0))  # as `ask` moves it on this model
     in_place = layer0_keys(in_place_blob)
     assert sorted(moved) == sorted(in_place) == list(range(placed.start, placed.end))
     here = np.stack([in_place[p] for p in sorted(moved)])
@@ -151,9 +181,9 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     assert np.abs(there - here).max() <= 0.01 * np.abs(here).max()
 
     # The whole prompt: `doc` moved, against `doc` computed where it is used.
-    cached = cached_logits(cache, QUESTION, [other, doc])
-    preamble_blob, _ = cache.engine.documents.encoder.preamble_blob(prompt.preamble)
-    other_blob, _ = cache.engine.documents.encoder.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
+    cached = assembled_logits(engine, QUESTION, [other, doc])
+    preamble_blob, _ = engine.encoder.preamble_blob(prompt.preamble)
+    other_blob, _ = engine.encoder.document_blob(prompt.preamble, other, prompt.documents[0].tokens)
     work.state_set(0, ops.restore_blob([preamble_blob, other_blob, in_place_blob], work.n_stream))
     work.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
     computed_there = work.logits()
@@ -162,7 +192,7 @@ def test_a_moved_document_agrees_with_one_computed_at_that_position(cache_with_s
     # Gemma 3 5.5% (5.3% when moved by llama.cpp's seq_add instead: the deviation is the model's,
     # whose deeper layers' K differ by 2-5% between the two encodings). The first answer token
     # agrees on each.
-    bound = 0.08 if cache.model.info.n_swa else 0.05
+    bound = 0.08 if engine.model.info.n_swa else 0.05
     assert np.abs(cached - computed_there).max() < bound * np.abs(computed_there).max()
     assert np.argmax(cached) == np.argmax(computed_there)
 
@@ -177,7 +207,8 @@ def test_recomputing_or_selecting_every_moved_document_equals_the_full_prefill_b
     prompt = _prompt(cache, QUESTION, ids)
     full = prefill_logits(cache, list(prompt.tokens), [prompt.home, prompt.documents[1].start, prompt.tail_start])
     for policy in ("all", "select:100%"):
-        with cache.prefilled_ask(QUESTION, documents=ids, recompute=policy, encoding="preamble") as prefilled:
+        with cache.workbench.prefilled_ask(QUESTION, documents=ids, recompute=policy,
+                                           encoding="preamble") as prefilled:
             assert np.array_equal(prefilled.logits(), full), policy
     assert prefilled.selected == tuple(range(prompt.documents[1].start, prompt.tail_start))
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all", prefix="off")
@@ -185,7 +216,7 @@ def test_recomputing_or_selecting_every_moved_document_equals_the_full_prefill_b
     # With exact prefixes (the default), "all" computes the whole prefix afresh instead, and stores it.
     result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="all")
     assert (result.cached_tokens, result.uncached_tokens) == (0, len(prompt.tokens))
-    assert cache.store.contains(cache.engine.documents.encoder.prefix_key(prompt))
+    assert cache.store.contains(prefix_key(cache, prompt))
 
 
 def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_store):
@@ -199,15 +230,17 @@ def test_select_recomputes_the_moved_tokens_whose_cells_deviate_most(cache_with_
     _, plain = cached_logits(cache, QUESTION, ids, state=True)
     result = cache.ask(QUESTION, documents=ids, max_tokens=1, recompute="tail:2,select:25%", prefix="off",
                        encoding="preamble")  # as _prompt lays them out
-    with cache.prefilled_ask(QUESTION, documents=ids, recompute="tail:2,select:25%", encoding="preamble") as prefilled:
+    with cache.workbench.prefilled_ask(QUESTION, documents=ids, recompute="tail:2,select:25%",
+                                       encoding="preamble") as prefilled:
         chosen = prefilled.selected  # the same choice `ask` made: the same cells and probe
     tails = {p for doc in prompt.documents[1:] for p in range(doc.end - 2, doc.end)}
     assert len(chosen) == round(0.25 * len(moved)) and set(chosen) <= set(moved) - tails
     assert result.uncached_tokens == len(prompt.tail) + len(tails) + len(chosen)
-    with cache.full_prefill(prompt.tokens[:prompt.tail_start]) as prefilled:
+    with cache.workbench.full_prefill(prompt.tokens[:prompt.tail_start]) as prefilled:
         full = state_blob.restream(prefilled.cells(), 1)
 
-    section, layer = cache.engine.documents.encoder.probe().layer  # layer 1 (on Gemma 3: of the sliding-window cache)
+    # The probe `ask` chose with: layer 1 (on Gemma 3: of the sliding-window cache).
+    section, layer = cache.workbench.blender.probe.layer
 
     def layer1(blob):
         pos, k, v = state_blob.layer_kv(blob, layer, section=section)
@@ -251,7 +284,7 @@ def test_recomputed_tokens_see_the_documents_before_them_and_the_rest_stays_as_e
     _, recomputed = cached_logits(cache, QUESTION, ids, recompute="head:3", state=True)
     _, plain = cached_logits(cache, QUESTION, ids, state=True)
     edges = [0, prompt.home, moved_doc.start, redo.stop, prompt.end]
-    with cache.full_prefill(prompt.tokens, batch_starts=edges[1:-1]) as prefilled:
+    with cache.workbench.full_prefill(prompt.tokens, batch_starts=edges[1:-1]) as prefilled:
         full = state_blob.restream(prefilled.cells(), 1)
 
     def k1(blob):  # layer 1: shaped by attention at layer 0, so by what a token saw
@@ -313,7 +346,7 @@ def test_a_setting_by_name_asks_with_its_policy_and_refuses_a_policy_beside_it(c
     again = cache.ask(QUESTION, documents=ids, max_tokens=3, setting="accurate")
     assert first.token_ids == again.token_ids == full.token_ids
     assert first.cached_tokens == 0 and again.cached_tokens == fast.cached_tokens + fast.uncached_tokens - len(
-        cache.document_prompt(QUESTION, [FUJI, PARIS, NILE]).tail)
+        cache.documents.prompt(QUESTION, [FUJI, PARIS, NILE]).tail)
     with pytest.raises(PromptCacheError, match="give either setting or recompute/order, not both"):
         cache.ask(QUESTION, documents=ids, setting="accurate", recompute="tail:4")
     with pytest.raises(PromptCacheError, match="setting='slow' is not a setting"):
@@ -329,7 +362,7 @@ def test_documents_survive_a_restart_and_answer_the_same(make_cache, tmp_path):
     second = make_cache(store=store)
     assert {d.id for d in second.list_documents()} == set(ids)
     after = second.ask(QUESTION, documents=["fuji", "paris"], max_tokens=8, prefix="off")
-    assert second.documents_encoded == 0 and set(after.tiers.values()) == {"disk"}
+    assert second.documents.encoded == 0 and set(after.tiers.values()) == {"disk"}
     assert after.token_ids == before.token_ids  # same tokens, same answer, whichever tier
 
 
@@ -348,9 +381,9 @@ def test_remove_document_frees_its_files_and_leaves_the_others(cache_with_store,
     assert not (tmp_path / "store" / "documents" / f"{gone}.json").exists()
     with pytest.raises(UnknownDocumentError, match="fuji"):
         cache.ask(QUESTION, documents=["fuji"], max_tokens=1)
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     assert cache.ask(QUESTION, documents=["paris"], max_tokens=2).tiers[keep] in ("ram", "disk")
-    assert cache.documents_encoded == encoded
+    assert cache.documents.encoded == encoded
 
 
 def test_removing_a_document_keeps_the_others_stand_in_encodings_and_drops_the_contexts_holding_it(cache_with_store):
@@ -364,9 +397,9 @@ def test_removing_a_document_keeps_the_others_stand_in_encodings_and_drops_the_c
     cache.remove_document(ids[0])  # a stand-in of ids[1..7]; every later document's place moves down
     labels = [key.label for tier in cache.store.tiers for key in tier.keys()]
     assert not [label for label in labels if ids[0] in label]  # no cells of its text are left
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     again = cache.ask(QUESTION, **question)
-    assert cache.documents_encoded == encoded  # ids[8] keeps the stand-ins it was added after
+    assert cache.documents.encoded == encoded  # ids[8] keeps the stand-ins it was added after
     assert again.token_ids == first.token_ids
 
 
@@ -377,7 +410,7 @@ def test_a_library_three_times_the_context_loads_and_answers(cache_with_store):
     ids = [cache.add_document(text) for text in texts]
     library_tokens = sum(len(document_tokens(t, cache.model)) for t in texts)
     assert library_tokens > 3 * cache.n_ctx
-    assert cache.resident_cells == 0  # documents live in the byte tiers, not in the context
+    assert cache.schemas.resident_cells == 0  # documents live in the byte tiers, not in the context
     result = cache.ask("How many chairs are in room 7?", documents=[ids[7], ids[30], ids[2]], max_tokens=4)
     assert result.finish_reason in ("stop", "length") and result.tiers[ids[30]] == "ram"
 
@@ -412,7 +445,7 @@ def test_add_document_reports_progress_while_it_encodes_and_nothing_once_stored(
     cache = cache_with_store(n_ctx=2048)
     events = []
     doc = cache.add_document(LONG, name="facts.md", progress=events.append)
-    tokens = len(cache.document_tokens(LONG))
+    tokens = len(cache.documents.tokens(LONG))
     assert {(e.kind, e.schema, e.module, e.tokens_total) for e in events} == {("document", "facts.md", doc, tokens)}
     done = [e.tokens_done for e in events]
     assert len(events) >= 3 and 0 < done[0] < tokens and done == sorted(done) and done[-1] == tokens
@@ -431,7 +464,7 @@ def test_a_document_without_printable_text_is_refused_naming_the_fix(cache_with_
     cache = cache_with_store()
     with pytest.raises(DocumentError, match="document nul.bin is empty: no printable character.*give it some text"):
         cache.add_document(text, name="nul.bin")
-    assert cache.list_documents() == [] and cache.documents_encoded == 0
+    assert cache.list_documents() == [] and cache.documents.encoded == 0
     assert cache.add_document("\x00" + PARIS + "\x00") in [d.id for d in cache.list_documents()]  # some text: kept
 
 
@@ -454,18 +487,18 @@ def test_a_question_too_long_for_the_context_is_refused_from_texts_before_encodi
     assert max(tokens) < 256 < sum(tokens)  # each document fits alone; together they do not
     names = [f"note{i}.txt" for i in range(12)]
     with pytest.raises(ContextOverflowError) as refused:
-        cache.document_prompt(QUESTION, texts, names=names)
+        cache.documents.prompt(QUESTION, texts, names=names)
     message = str(refused.value)
     longest = names[tokens.index(max(tokens))]
     for fragment in (f"12 documents ({sum(tokens):,} tokens", f"the longest, {longest!r}, {max(tokens)}",
                      "a prompt holds 256", "ask with fewer or shorter documents, or raise n_ctx"):
         assert fragment in message
-    assert cache.documents_encoded == 0 and cache.list_documents() == []
+    assert cache.documents.encoded == 0 and cache.list_documents() == []
     # What fits is laid out exactly as `ask` lays it out.
-    assert cache.document_prompt(QUESTION, texts[:2], system="Be brief.") == layout_documents(
-        preamble_tokens("Be brief.", cache.model, cache.markup),
+    assert cache.documents.prompt(QUESTION, texts[:2], system="Be brief.") == layout_documents(
+        preamble_tokens("Be brief.", cache.model, cache.schemas.markup),
         [(document_id(t), document_tokens(t, cache.model)) for t in texts[:2]],
-        tail_tokens(QUESTION, cache.model, cache.markup))
+        tail_tokens(QUESTION, cache.model, cache.schemas.markup))
 
 
 def _k_and_rest(blob) -> tuple[np.ndarray, bytes]:
@@ -478,19 +511,19 @@ def _k_and_rest(blob) -> tuple[np.ndarray, bytes]:
     return np.concatenate(ks), bytes(rest)
 
 
-def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
+def test_llama_seq_add_moves_documents_as_the_relocator_does(make_engine, tmp_path):
     # The relocator must move a document as llama.cpp's own K-shift does (its fallback): same
     # positions and V, K within one F16 ulp (the relocator rounds its cos/sin in double, llama.cpp
     # in float: tests/native). On a sliding-window model this checks that each of the two caches
     # is turned with its own RoPE base. The prompt's logits are not compared: a Q4 model turns
     # those few ulps into logit changes of ~2% (measured).
-    cache = cache_with_store()
-    if cache.engine.documents.encoder.ropes is None:
+    engine = make_engine(store=tmp_path / "store")
+    if engine.encoder.ropes is None:
         pytest.skip("this model's cells are moved by seq_add only (test_a_moved_document_... covers it)")
-    blob = home_blob(cache, PARIS)
-    by_relocator = cache.engine.documents.encoder.move(SavedCells(blob, 301), empty=0)
-    cache.engine.documents.encoder.ropes = None
-    by_llama = cache.engine.documents.encoder.move(SavedCells(blob, 301), empty=0)
+    blob = home_blob(engine, PARIS)
+    by_relocator = engine.encoder.move(SavedCells(blob, 301), empty=0)
+    engine.encoder.ropes = None
+    by_llama = engine.encoder.move(SavedCells(blob, 301), empty=0)
     (k_relocator, rest_relocator), (k_llama, rest_llama) = _k_and_rest(by_relocator), _k_and_rest(by_llama)
     assert rest_llama == rest_relocator  # positions, V and layout
     assert not np.array_equal(k_relocator, _k_and_rest(blob)[0])  # K was rotated
@@ -498,10 +531,18 @@ def test_llama_seq_add_moves_documents_as_the_relocator_does(cache_with_store):
     assert ulps.max() <= 1 and np.count_nonzero(ulps) <= 0.001 * ulps.size
 
 
-def test_documents_are_refused_where_cells_cannot_move(cache_with_store):
+def test_documents_are_refused_where_cells_cannot_move(cache_with_store, monkeypatch):
+    import llama_cpp
+
+    from pc_cpu.engine.llama.model import Model
+
+    def unknown_rope(model):
+        raise ValueError("a RoPE the relocator does not know")
+
+    # A model whose cells neither the relocator nor llama.cpp can move (the cache opens after this).
+    monkeypatch.setattr(Model, "cache_ropes", unknown_rope)
+    monkeypatch.setattr(llama_cpp, "llama_memory_can_shift", lambda memory: False)
     cache = cache_with_store()
-    cache.engine.documents.encoder.ropes = None
-    cache.engine.prompts.can_shift = False  # as a cache whose positions llama.cpp cannot shift reports
     with pytest.raises(DocumentError, match="cannot|does not allow"):
         cache.add_document(PARIS)
 
@@ -547,16 +588,15 @@ def test_a_cancelled_add_stops_after_a_batch_and_registers_nothing(cache_with_st
 
 
 @pytest.mark.tiny_only
-def test_a_document_has_the_same_bytes_whichever_workspace_encoded_it(make_cache):
+def test_a_document_has_the_same_bytes_whichever_workspace_encoded_it(engine):
     # add_document computes in a stream of its own, a question's missing document in the encoders'
     # workspace; llama.cpp writes the stream's sequence id into the state, which encoders reset to 0.
-    cache = make_cache(store=False)
-    preamble = preamble_tokens(None, cache.model, cache.markup)
-    tokens = document_tokens(PARIS, cache.model)
-    key = cache.engine.documents.encoder.document_key(preamble, document_id(PARIS), tokens)
-    by_adder, _ = cache.engine.documents.adder.document_blob(preamble, document_id(PARIS), tokens)
-    cache.store.remove(key)
-    by_workspace, tier = cache.engine.documents.encoder.document_blob(preamble, document_id(PARIS), tokens)
+    preamble = preamble_tokens(None, engine.model, engine.markup)
+    tokens = document_tokens(PARIS, engine.model)
+    key = engine.encoder.document_key(preamble, document_id(PARIS), tokens)
+    by_adder, _ = engine.adder.document_blob(preamble, document_id(PARIS), tokens)
+    engine.store.remove(key)
+    by_workspace, tier = engine.encoder.document_blob(preamble, document_id(PARIS), tokens)
     assert tier == "encoded" and by_adder == by_workspace and state_blob.scan(by_adder).seq_id == 0
 
 
@@ -567,17 +607,17 @@ def test_names_and_documents_beyond_the_limits_are_refused_before_any_encoding(c
         cache.add_document(PARIS, name="p" * 900_000)
     with pytest.raises(DocumentError, match=r"control character U\+000A"):
         cache.add_document(PARIS, name="paris\n.txt")
-    assert cache.documents_encoded == 0 and cache.list_documents() == []
+    assert cache.documents.encoded == 0 and cache.list_documents() == []
     paris = cache.add_document(PARIS, name="alias-0")
     for i in range(1, 16):
         cache.add_document(PARIS, name=f"alias-{i}")
     with pytest.raises(DocumentError, match="already has 16 names"):
         cache.add_document(PARIS, name="alias-16")
     cache.add_document(FUJI)
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     with pytest.raises(DocumentError, match=r"holds 2 documents, its limit \(max_documents=2\)"):
         cache.add_document(NILE, name="nile")
-    assert cache.documents_encoded == encoded  # refused before its encoding
+    assert cache.documents.encoded == encoded  # refused before its encoding
     assert cache.add_document(PARIS) == paris  # an existing text is not a new document
     assert [len(d.names) for d in cache.list_documents()] == [16, 0]
 
@@ -607,12 +647,12 @@ def test_add_document_prepares_every_place_a_prompt_can_give_the_document(cache_
     cache = cache_with_store()
     _model_encoding(cache, monkeypatch, "library")
     paris, fuji = cache.add_document(PARIS), cache.add_document(FUJI)
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     for documents in ([paris, fuji], [fuji, paris]):
         for encoding in ("library", "preamble"):
             result = cache.ask(QUESTION, documents=documents, max_tokens=2, prefix="off", encoding=encoding)
             assert "encoded" not in result.tiers.values(), (documents, encoding)
-    assert cache.documents_encoded == encoded
+    assert cache.documents.encoded == encoded
 
 
 def test_on_a_model_that_asks_after_the_preamble_add_document_computes_that_encoding_alone(cache_with_store,
@@ -621,14 +661,14 @@ def test_on_a_model_that_asks_after_the_preamble_add_document_computes_that_enco
     cache = cache_with_store()
     _model_encoding(cache, monkeypatch, "preamble")
     paris = cache.add_document(PARIS)
-    encoded = cache.documents_encoded
+    encoded = cache.documents.encoded
     fuji = cache.add_document(FUJI)
-    assert cache.documents_encoded == encoded + 1  # fuji after the preamble; not after paris too
+    assert cache.documents.encoded == encoded + 1  # fuji after the preamble; not after paris too
     result = cache.ask(QUESTION, documents=[paris, fuji], max_tokens=2, prefix="off")
     assert "encoded" not in result.tiers.values()
     asked = cache.ask(QUESTION, documents=[paris, fuji], max_tokens=2, prefix="off", encoding="library")
     # On first use, then stored: the stand-in context (the preamble and paris) and fuji after it.
-    assert asked.tiers[fuji] == "encoded" and cache.documents_encoded == encoded + 3
+    assert asked.tiers[fuji] == "encoded" and cache.documents.encoded == encoded + 3
     again = cache.ask(QUESTION, documents=[paris, fuji], max_tokens=2, prefix="off", encoding="library")
     assert again.tiers[fuji] != "encoded" and again.token_ids == asked.token_ids
 
@@ -636,15 +676,16 @@ def test_on_a_model_that_asks_after_the_preamble_add_document_computes_that_enco
 def test_a_document_after_a_stand_in_gets_other_cells_and_the_same_prompt_tokens(cache_with_store):
     cache = cache_with_store()
     paris, fuji = cache.add_document(PARIS), cache.add_document(FUJI)
-    docs = [cache.library.get(paris), cache.library.get(fuji)]
-    texts = [d.text for d in docs]
-    library = cache.engine.documents.prompt(QUESTION, texts, before=cache.engine.documents.before(docs))
-    alone = cache.engine.documents.prompt(QUESTION, texts)
+    texts = [cache.documents.library.get(d).text for d in (paris, fuji)]
+    # As `ask` places them with encoding="library": each after the documents the library added before it.
+    placing = cache.documents.placing([paris, fuji], encoding="library")
+    library = cache.documents.prompt(QUESTION, texts, placing=placing)
+    alone = cache.documents.prompt(QUESTION, texts)
     assert library.tokens == alone.tokens and library.documents[0].after == ()
     assert library.documents[1].after == document_tokens(PARIS, cache.model)  # fuji was added after paris
     logits = []
     for encoding in ("library", "preamble"):
-        with cache.prefilled_ask(QUESTION, documents=[paris, fuji], encoding=encoding) as prefilled:
+        with cache.workbench.prefilled_ask(QUESTION, documents=[paris, fuji], encoding=encoding) as prefilled:
             logits.append(prefilled.logits())
     assert not np.array_equal(*logits)
 

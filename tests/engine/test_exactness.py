@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pc_cpu.cache import PROMPT_SEQ
 from tests.conftest import batched_prefill_logits, prefill_logits
 from tests.engine.conftest import EVERY_MODEL, model_path
 
@@ -34,27 +33,26 @@ def test_module_at_position_zero_gives_the_full_prefill_logits(make_cache):
     prompt = '<prompt schema="s"><doc/> What did the keeper polish?</prompt>'
     cache = make_cache()
     cached = prefill_logits(cache, PLAIN_SCHEMA, prompt, use_cache=True)
-    doc = cache.layout("s").modules["doc"]
+    doc = cache.schemas.layout("s").modules["doc"]
     baseline = batched_prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, [doc.start, doc.end])
     assert np.abs(cached - baseline).max() == 0.0
 
 
-def test_module_only_prompt_matches_the_full_prefill(make_cache):
+def test_module_only_prompt_matches_the_full_prefill(make_cache, make_engine):
     # Every token is cached, so the last one is recomputed alone to get logits: exactly a full
     # prefill whose last token is then computed again alone. Against the one-batch prefill, the
     # one-token kernel rounds otherwise (~1e-6 on the tiny model, 0.5 on Qwen2.5-1.5B): same greedy token.
     prompt = '<prompt schema="s"><doc/></prompt>'
     cached = prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, use_cache=True)
-    fresh = make_cache()
-    fresh.load_schema(PLAIN_SCHEMA, encode=False)
-    tokens = list(fresh.plan(prompt).tokens)
-    n = len(tokens)
-    fresh.engine.ctx.decode(tokens, range(n), PROMPT_SEQ, logits_last=False)
-    fresh.engine.ctx.seq_rm(PROMPT_SEQ, n - 1, n)
-    fresh.engine.ctx.decode(tokens[-1:], [n - 1], PROMPT_SEQ)
-    assert np.abs(cached - fresh.engine.ctx.logits()).max() == 0.0
-    fresh.engine.ctx.seq_rm(PROMPT_SEQ)
-    assert cached.argmax() == prefill_logits(fresh, PLAIN_SCHEMA, prompt, use_cache=False).argmax()
+    fresh = make_engine()  # a fresh library context, as a new cache's (tests/engine/machinery.py Engine)
+    tokens = list(fresh.plan(fresh.layout(PLAIN_SCHEMA), prompt).tokens)
+    n, seq = len(tokens), fresh.roles.slots[0]
+    fresh.ctx.decode(tokens, range(n), seq, logits_last=False)
+    fresh.ctx.seq_rm(seq, n - 1, n)
+    fresh.ctx.decode(tokens[-1:], [n - 1], seq)
+    assert np.abs(cached - fresh.ctx.logits()).max() == 0.0
+    fresh.ctx.seq_rm(seq)
+    assert cached.argmax() == prefill_logits(make_cache(), PLAIN_SCHEMA, prompt, use_cache=False).argmax()
 
 
 def test_module_at_position_zero_gives_the_baseline_greedy_tokens(make_cache):
@@ -73,7 +71,7 @@ def test_module_after_the_preamble_is_exact_in_preamble_mode(make_cache):
     prompt = '<prompt schema="c"><doc/><user>What did the keeper polish?</user></prompt>'
     cache = make_cache()
     cached = prefill_logits(cache, CHAT_SCHEMA, prompt, use_cache=True)
-    doc = cache.layout("c").modules["doc"]
+    doc = cache.schemas.layout("c").modules["doc"]
     baseline = batched_prefill_logits(make_cache(), CHAT_SCHEMA, prompt, [doc.start, doc.end])
     assert np.abs(cached - baseline).max() == 0.0
 

@@ -118,7 +118,7 @@ def assert_stored_before_answers_as_before(cache, before: dict) -> None:
     asked = cache.ask(QUESTION, documents=["earlier"], max_tokens=MAX_TOKENS)
     assert asked.tiers == {"#preamble": "disk", document_id(EARLIER): "disk"}
     assert asked.token_ids == before["asked"]
-    assert cache.modules_encoded == 0 and cache.documents_encoded == 0
+    assert cache.schemas.encoded == 0 and cache.documents.encoded == 0
 
 
 def test_killed_while_storing_a_conversations_tip(make_tiny, tiny_model_path, tmp_path):
@@ -133,7 +133,7 @@ def test_killed_while_storing_a_conversations_tip(make_tiny, tiny_model_path, tm
     messages = before["messages"]  # system, turn 1 and its answer, turn 2 and its answer
     second = cache.chat(messages[:4], max_tokens=MAX_TOKENS)  # turn 2 again: turn 1's tip was stored whole
     assert second.tiers == {"#conversation": "disk"}
-    assert second.cached_tokens == cache.chat_prompt(messages[:3], add_generation_prompt=False).answers[-1][1]
+    assert second.cached_tokens == cache.conversations.prompt(messages[:3], add_generation_prompt=False).answers[-1][1]
     assert second.token_ids == before["turns"][1]
     assert [(doc.id, doc.names) for doc in cache.list_documents()] == [(document_id(EARLIER), ["earlier"])]
 
@@ -161,7 +161,7 @@ def test_killed_while_adding_a_document_under_load(moment, make_tiny, tiny_model
     # Its first encoding (after the preamble) was stored whole unless the kill came before it was computed.
     first_stored = moment != "encoding" or blocked["tokens_done"] > blocked["tokens_total"] // 2
     assert added == new and added.tiers[new] == ("disk" if first_stored else "encoded")
-    assert (cache.documents_encoded == 0) == (moment == "library")  # killed in its library write: every cell stored
+    assert (cache.documents.encoded == 0) == (moment == "library")  # killed in its library write: every cell stored
     assert [(doc.id, doc.names) for doc in cache.list_documents()] == [(earlier, ["earlier"]), (new, ["new"])]
     asked = cache.ask(QUESTION, documents=["new"], max_tokens=MAX_TOKENS)
     assert asked.token_ids == cache.ask(QUESTION, documents=["new"], max_tokens=MAX_TOKENS, use_cache=False).token_ids

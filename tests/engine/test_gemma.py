@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pc_cpu.models import MODELS, missing_packages
+from tests.engine.machinery import Engine
 
 GEMMA = "gemma3-270m"
 # Slow: each test loads the 253 MB model and computes a schema longer than its sliding window
@@ -30,7 +31,7 @@ def test_gemma_answers_from_modules_beyond_its_sliding_window_and_from_disk(tmp_
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=tmp_path) as first:
         assert first.model.info.n_swa > 0 and first.model.info.n_embd_head == 256
         first.load_schema(SCHEMA)
-        assert first.layout("g").modules["light"].start > first.model.info.n_swa  # outside the window
+        assert first.schemas.layout("g").modules["light"].start > first.model.info.n_swa  # outside the window
         cached = first.generate(PROMPT, max_tokens=16)
         baseline = first.generate(PROMPT, max_tokens=16, use_cache=False)
         # Selection reads layer 1 from the sliding-window cache of the state and of the probe. Not
@@ -42,29 +43,34 @@ def test_gemma_answers_from_modules_beyond_its_sliding_window_and_from_disk(tmp_
     with PromptCache(GEMMA, threads=2, n_ctx=4096, store=tmp_path) as second:
         second.load_schema(SCHEMA, encode=False)
         restored = second.generate(PROMPT, max_tokens=16)
-        assert set(restored.tiers.values()) == {"disk"} and second.modules_encoded == 0
+        assert set(restored.tiers.values()) == {"disk"} and second.schemas.encoded == 0
     # Restored cells sit in another order in the cache than freshly encoded ones, and with flash
     # attention that rounds differently (measured: logits differ by up to 0.8 here, 1.2 on SmolLM2),
     # enough to flip this prompt's near-tied first token. So: a right answer, not identical tokens.
     assert "1987" in restored.text
 
 
+def gemma_engine(**kwargs) -> Engine:
+    """Returns the machinery of `gemma(**kwargs)` (tests/engine/machinery.py Engine), built from the same constructors."""
+    return Engine(GEMMA, threads=2, n_ctx=4096, **{"store": False, **kwargs})
+
+
 def test_layer_values_read_every_cell_through_the_sliding_window():
     import numpy as np
 
-    from pc_cpu import PromptCache
-    from pc_cpu.cache import PROMPT_SEQ
     from pc_cpu.engine.recompute.probe import layer_values
     from pc_cpu.kvstate import state_blob
 
-    with PromptCache(GEMMA, threads=2, n_ctx=4096, store=False) as cache:
-        cache.load_schema(SCHEMA)
-        plan = cache.plan(PROMPT)
-        cache.engine.ctx.decode(plan.tokens, range(len(plan.tokens)), PROMPT_SEQ)  # a full prefill in the library context
-        saved = state_blob.layer_kv(cache.engine.ctx.state_get(PROMPT_SEQ), 1, section=1)
-        pos, k, v = layer_values(cache.engine.ctx, PROMPT_SEQ, (1, 1), cache.engine.roles.scratch)
-        cache.engine.ctx.seq_rm(PROMPT_SEQ)
-    assert len(saved[0]) <= cache.model.info.n_swa < plan.end  # the state alone leaves the older cells out
+    seq = 0  # the first prompt slot's sequence
+    with gemma_engine() as engine:
+        layout = engine.load(SCHEMA)
+        plan = engine.plan(layout, PROMPT)
+        engine.ctx.decode(plan.tokens, range(len(plan.tokens)), seq)  # a full prefill in the library context
+        saved = state_blob.layer_kv(engine.ctx.state_get(seq), 1, section=1)
+        pos, k, v = layer_values(engine.ctx, seq, (1, 1), engine.roles.scratch)
+        engine.ctx.seq_rm(seq)
+        n_swa = engine.model.info.n_swa
+    assert len(saved[0]) <= n_swa < plan.end  # the state alone leaves the older cells out
     assert sorted(pos.tolist()) == list(range(plan.end))
     rows = {p: i for i, p in enumerate(pos.tolist())}
     idx = [rows[p] for p in saved[0].tolist()]
@@ -88,21 +94,21 @@ def gemma(**kwargs):
     return PromptCache(GEMMA, threads=2, n_ctx=4096, **{"store": False, **kwargs})
 
 
-def all_cells(cache, seq: int) -> list[int]:
+def all_cells(engine, seq: int) -> list[int]:
     """Returns the positions of `seq`'s cells in the first sliding-window layer, read window by window."""
     from pc_cpu.engine.recompute.probe import layer_values
 
-    return sorted(layer_values(cache.engine.ctx, seq, (1, 0), cache.engine.roles.scratch)[0].tolist())
+    return sorted(layer_values(engine.ctx, seq, (1, 0), engine.roles.scratch)[0].tolist())
 
 
 def test_library_cells_survive_encoding_in_the_sliding_window_cache():
     # llama.cpp reuses a sliding-window cell held by one sequence once it is a window behind that
     # sequence's end, and purges the earlier positions; the pin sequence keeps every library cell shared.
-    with gemma() as cache:
-        cache.load_schema(MANY)
-        library = cache.engine.modules.sequence_of(cache.layout("lamps"), "d0")
-        assert cache.engine.ctx.seq_pos_max(library) > cache.model.info.n_swa  # the library spans more than a window
-        assert all_cells(cache, library) == list(range(cache.layout("lamps").length))
+    with gemma_engine() as engine:
+        layout = engine.load(MANY)
+        library = engine.modules.sequence_of(layout, "d0")
+        assert engine.ctx.seq_pos_max(library) > engine.model.info.n_swa  # the library spans more than a window
+        assert all_cells(engine, library) == list(range(layout.length))
 
 
 def test_a_param_far_behind_the_end_of_its_schema_gives_the_full_prefill_tokens():
@@ -110,7 +116,7 @@ def test_a_param_far_behind_the_end_of_its_schema_gives_the_full_prefill_tokens(
     with gemma() as cache, gemma() as fresh:
         cache.load_schema(KEEPER)
         fresh.load_schema(KEEPER, encode=False)
-        layout = cache.layout("lamps")
+        layout = cache.schemas.layout("lamps")
         assert layout.length - layout.modules["d0"].end > cache.model.info.n_swa
         cached = cache.generate(prompt, max_tokens=8)
         baseline = fresh.generate(prompt, max_tokens=8, use_cache=False)
@@ -136,19 +142,19 @@ def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(t
     from pc_cpu.engine.recompute.probe import layer_values
     from pc_cpu.kvstate import parts
 
-    with gemma(store=tmp_path) as first:
-        first.load_schema(LONG)
-        module = first.layout("long").modules["doc"]
+    with gemma_engine(store=tmp_path) as first:
+        layout = first.load(LONG)
+        module = layout.modules["doc"]
         assert module.end - module.start > first.model.info.n_swa
-        library = first.engine.modules.sequence_of(first.layout("long"), "doc")
-        encoded = layer_values(first.engine.ctx, library, (1, 0), first.engine.roles.scratch)
+        library = first.modules.sequence_of(layout, "doc")
+        encoded = layer_values(first.ctx, library, (1, 0), first.roles.scratch)
         (entry,) = [first.store.tiers[0].get(key) for key in first.store.tiers[0].keys() if key.label == "long/doc"]
         assert len(parts.unpack(entry.payload)) > 2
-    with gemma(store=tmp_path) as second:
-        second.load_schema(LONG)
-        assert second.modules_encoded == 0
-        library = second.engine.modules.sequence_of(second.layout("long"), "doc")
-        restored = layer_values(second.engine.ctx, library, (1, 0), second.engine.roles.scratch)
+    with gemma_engine(store=tmp_path) as second:
+        layout = second.load(LONG)
+        assert second.modules.encoded == 0
+        library = second.modules.sequence_of(layout, "doc")
+        restored = layer_values(second.ctx, library, (1, 0), second.roles.scratch)
     assert sorted(restored[0].tolist()) == list(range(module.end))  # the preamble's cells and every one of doc's
     order = [np.argsort(column[0]) for column in (encoded, restored)]
     for e, r in zip(encoded, restored):
@@ -158,20 +164,20 @@ def test_a_module_longer_than_the_window_is_stored_in_parts_and_restored_whole(t
 def test_a_stored_state_missing_sliding_window_cells_is_re_encoded(tmp_path, caplog):
     from pc_cpu.store.entry import Entry
 
-    with gemma(store=tmp_path) as first:
-        first.load_schema(LONG)
-        module = first.layout("long").modules["doc"]
-        library = first.engine.modules.sequence_of(first.layout("long"), "doc")
-        first.engine.ctx.seq_cp(library, first.engine.roles.scratch, module.start, module.end)
-        whole = first.engine.ctx.state_get(first.engine.roles.scratch)  # how pc_cpu saved it before: llama.cpp drops old cells
-        first.engine.ctx.seq_rm(first.engine.roles.scratch)
+    with gemma_engine(store=tmp_path) as first:
+        layout = first.load(LONG)
+        module = layout.modules["doc"]
+        library = first.modules.sequence_of(layout, "doc")
+        first.ctx.seq_cp(library, first.roles.scratch, module.start, module.end)
+        whole = first.ctx.state_get(first.roles.scratch)  # how pc_cpu saved it before: llama.cpp drops old cells
+        first.ctx.seq_rm(first.roles.scratch)
         for tier in first.store.tiers:
             for key in [k for k in tier.keys() if k.label == "long/doc"]:
                 old = tier.get(key)
                 tier.put(key, Entry(whole, old.n_tokens, old.positions))
-    with gemma(store=tmp_path) as second:
-        second.load_schema(LONG)
-        assert second.modules_encoded == 1
+    with gemma_engine(store=tmp_path) as second:
+        second.load(LONG)
+        assert second.modules.encoded == 1
     assert "lacks sliding-window cells" in caplog.text
 
 
@@ -186,31 +192,30 @@ ASK_KEEPER = '<prompt schema="moved"><intro/><doc who="Ada Byron"/>\nWho was the
 
 
 def test_a_module_longer_than_the_window_is_computed_at_home_moved_and_kept_whole(tmp_path):
-    with gemma(store=tmp_path) as first:
-        first.load_schema(MOVED)
-        layout = first.layout("moved")
+    with gemma_engine(store=tmp_path) as first:
+        layout = first.load(MOVED)
         doc = layout.modules["doc"]
-        assert first.engine.modules.shift_of(layout, "doc") > 0 and doc.end - doc.start > first.model.info.n_swa
-        library = first.engine.modules.sequence_of(layout, "doc")
+        assert first.modules.shift_of(layout, "doc") > 0 and doc.end - doc.start > first.model.info.n_swa
+        library = first.modules.sequence_of(layout, "doc")
         assert set(range(doc.start, doc.end)) <= set(all_cells(first, library))  # every cell, at its place
-    with gemma(store=tmp_path) as warm:
-        warm.load_schema(LONGER_INTRO)  # doc moves: its stored home cells serve, moved to the new place
-        assert warm.modules_encoded == 1  # intro only
-        layout = warm.layout("moved")
+    with gemma_engine(store=tmp_path) as warm:
+        layout = warm.load(LONGER_INTRO)  # doc moves: its stored home cells serve, moved to the new place
+        assert warm.modules.encoded == 1  # intro only
         doc = layout.modules["doc"]
-        library = warm.engine.modules.sequence_of(layout, "doc")
+        library = warm.modules.sequence_of(layout, "doc")
         assert set(range(doc.start, doc.end)) <= set(all_cells(warm, library))
-        moved = warm.generate(ASK_KEEPER, max_tokens=6)
-        baseline = warm.generate(ASK_KEEPER, max_tokens=6, use_cache=False)
-    with gemma(store=tmp_path / "cold") as cold:
-        cold.load_schema(LONGER_INTRO)
-        fresh = cold.generate(ASK_KEEPER, max_tokens=6)
+        moved = warm.generate(layout, ASK_KEEPER, max_tokens=6)
+        baseline = warm.generate(layout, ASK_KEEPER, max_tokens=6, use_cache=False)
+    with gemma_engine(store=tmp_path / "cold") as cold:
+        fresh = cold.generate(cold.load(LONGER_INTRO), ASK_KEEPER, max_tokens=6)
     assert moved.token_ids == fresh.token_ids  # same tokens, same answer, whether doc was moved or computed here
     assert "Ada" in moved.text and "Ada" in baseline.text
 
 
 def test_a_module_longer_than_the_window_is_computed_at_home_with_few_sequences():
+    from pc_cpu.engine.llama.sequences import SequenceRoles
+
+    assert SequenceRoles.for_contexts(4, 8).hold == 7  # the roles of the cache below: one library sequence
     with gemma(n_seq_max=8, parallel=4) as cache:  # prompts 0-3, scratch 4, pin 5, library 6, hold 7
-        assert cache.engine.roles.hold == 7
         cache.load_schema(MOVED)
         assert "Ada" in cache.generate(ASK_KEEPER, max_tokens=6).text

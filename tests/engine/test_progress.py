@@ -15,9 +15,9 @@ SCHEMA = ('<schema name="p">Read this. <module name="long">' + LONG + '</module>
 
 
 def cached_tokens(cache, name: str) -> dict[str, int]:
-    layout = cache.layout(name)
-    return {key: sum(len(r.tokens) for r in encoding_runs(layout, key, cache.encoding))
-            for key in encoding_keys(layout, cache.encoding)}
+    layout = cache.schemas.layout(name)
+    return {key: sum(len(r.tokens) for r in encoding_runs(layout, key, cache.schemas.mode))
+            for key in encoding_keys(layout, cache.schemas.mode)}
 
 
 def test_progress_counts_grow_during_encoding_and_end_finished(make_cache, tmp_path):
@@ -49,7 +49,7 @@ def test_modules_from_the_store_are_reported_done_without_batches(make_cache, tm
     events: list[EncodeProgress] = []
     second = make_cache(n_ctx=4096, store=tmp_path / "store")
     second.load_schema(SCHEMA, progress=events.append)
-    assert second.modules_encoded == 0
+    assert second.schemas.encoded == 0
     assert [e.modules_done for e in events] == list(range(1, len(events) + 1))  # no per-batch events
     assert events[-1].finished and events[-1].tokens_done == events[-1].tokens_total
 

@@ -22,7 +22,7 @@ def test_recomputing_everything_gives_the_full_prefill_logits(make_cache):
     plan = cache.plan(GAP_FREE, recompute="all")
     copied = [op for op in plan.ops if isinstance(op, CopyCells)]
     assert all(op.module == "#root" for op in copied)  # only the preamble (BOS, where the model has one) is cached
-    with cache.prefilled(plan, use_cache=True) as prefilled:
+    with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
         recomputed = prefilled.logits()
     baseline = batched_prefill_logits(fresh, DOCS, GAP_FREE, [op.start + len(op.tokens) for op in copied])
     assert np.abs(recomputed - baseline).max() == 0.0
@@ -43,12 +43,12 @@ def test_recomputing_a_tail_changes_the_answer_toward_the_full_prefill(make_cach
     # "all" computes every module token again, in one batch after the restored preamble, and the
     # prompt's text in a batch of its own: the full prefill computed in those batches (kernels round
     # a token by its batch on some models: tests/conftest.py, batched_prefill_logits).
-    preamble_end = cache.layout("d").preamble_end
+    preamble_end = cache.schemas.layout("d").preamble_end
     baseline = batched_prefill_logits(fresh, DOCS, GAP_FREE, [preamble_end])
     distances = []
     for policy in ("0", "tail:4", "50%", "all"):
         plan = cache.plan(GAP_FREE, recompute=policy)
-        with cache.prefilled(plan, use_cache=True) as prefilled:
+        with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
             distances.append(float(np.abs(prefilled.logits() - baseline).max()))
     assert distances[-1] == 0.0 and distances[0] > 0.0
 
@@ -74,7 +74,7 @@ def trip_cache(tiny_model_path):
 def test_any_policy_assembles_at_the_layout_positions(trip_cache, policy, name):
     # Unions, nested modules, params and gaps: recomputed tokens never break llama.cpp's position rule.
     plan = trip_cache.plan(PROMPTS[name], recompute=policy)
-    with trip_cache.prefilled(plan, use_cache=True) as prefilled:
+    with trip_cache.workbench.prefilled(plan, use_cache=True) as prefilled:
         found, logits = prefilled.positions(), prefilled.logits()
     assert found == list(plan.positions)
     assert np.isfinite(logits).all()

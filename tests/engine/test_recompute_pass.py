@@ -8,14 +8,12 @@ room in the library take the prompt's own stream, as before.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from pc_cpu import PromptCache
 from pc_cpu.engine.recompute import recompute_pass
 from pc_cpu.engine.llama.context import Context, default_flash_attn
 from pc_cpu.engine.prompts.document_prompt import DocumentWork
@@ -24,26 +22,26 @@ from pc_cpu.errors import EngineError
 from pc_cpu.kvstate import ops, state_blob
 from pc_cpu.pml.document_layout import with_recompute
 from pc_cpu.pml.recompute import parse_policy
-from tests.conftest import prefill_logits
-from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION, _prompt
+from tests.engine.test_documents import FUJI, NILE, PARIS, QUESTION
 
 BANANA = "Bananas grow in hanging bunches and turn yellow when they ripen in the sun."
 RAIN = "In this valley most of the rain falls in spring, and the river floods in April."
 TEXTS = (FUJI, NILE, PARIS, BANANA, RAIN)
-# Every question here is assembled from documents encoded apart: no exact prefix (where `ask` has them).
-APART = {"prefix": "off"} if "prefix" in inspect.signature(PromptCache.ask).parameters else {}
+# Every question here is assembled from documents encoded apart (Engine.question: prefix="off"), each
+# after the preamble alone: no exact prefix, no stand-ins.
 
 
 @pytest.fixture
-def cache(make_cache, tmp_path):
-    return make_cache(store=tmp_path / "store")
+def engine(make_engine, tmp_path):
+    """The machinery of a cache with a store (tests/engine/machinery.py Engine)."""
+    return make_engine(store=tmp_path / "store")
 
 
-def is_tiny(cache) -> bool:
-    return cache.model.path.name.startswith("tiny")
+def is_tiny(engine) -> bool:
+    return engine.model.path.name.startswith("tiny")
 
 
-def bit_exact(cache) -> bool:
+def bit_exact(engine) -> bool:
     """Returns whether a run computed in the library must have the bits of the same run computed alone in a stream.
 
     On F32 weights (the tiny model) a row's result does not depend on the batch it is in, and
@@ -54,18 +52,18 @@ def bit_exact(cache) -> bool:
     another order (recompute_pass module docstring). K-quant kernels round by batch shape
     (tests/conftest.py batched_prefill_logits).
     """
-    return is_tiny(cache) and cache.engine.ctx.config.flash_attn is not False
+    return is_tiny(engine) and engine.ctx.config.flash_attn is not False
 
 
-def close_to(cache, got: np.ndarray, want: np.ndarray) -> bool:
+def close_to(engine, got: np.ndarray, want: np.ndarray) -> bool:
     """Returns whether a K row is within what the batch shape or the slot order can change (see bit_exact).
 
     The slot order alone (F32 weights, no flash attention) moved the tiny model's K rows by at
     most 4.3e-6 of their largest value (2026-12-05, the policies of the test below, every
     layer); the batch shape of K-quant kernels moves them further, hence their looser bound.
     """
-    share = 1e-4 if is_tiny(cache) else 0.02
-    return np.abs(got - want).max() <= share * np.abs(want).max() + (0.0 if is_tiny(cache) else 1e-3)
+    share = 1e-4 if is_tiny(engine) else 0.02
+    return np.abs(got - want).max() <= share * np.abs(want).max() + (0.0 if is_tiny(engine) else 1e-3)
 
 
 # The one-pass code with flash attention on, where the tiny model's rows must keep every bit (bit_exact),
@@ -73,29 +71,29 @@ def close_to(cache, got: np.ndarray, want: np.ndarray) -> bool:
 FLASH = ["default", pytest.param("on", marks=pytest.mark.tiny_only)]
 
 
-def flash_cache(make_cache, tmp_path, flash: str):
-    """Returns a cache with a store, flash attention on when `flash` says so, else pc_cpu's default."""
-    cache = make_cache(store=tmp_path / "store", **({"flash_attn": True} if flash == "on" else {}))
-    assert cache.engine.ctx.config.flash_attn is (True if flash == "on" else default_flash_attn(cache.model.info))
-    return cache
+def flash_engine(make_engine, tmp_path, flash: str):
+    """Returns the machinery with a store, flash attention on when `flash` says so, else pc_cpu's default."""
+    engine = make_engine(store=tmp_path / "store", **({"flash_attn": True} if flash == "on" else {}))
+    assert engine.ctx.config.flash_attn is (True if flash == "on" else default_flash_attn(engine.model.info))
+    return engine
 
 
-def build(cache, ids, policy, *, library=True, budget=None):
+def build(engine, ids, policy, *, library=True, budget=None):
     """Returns the prompt, its last logits and its cells (one-stream blob), built in prompt stream 0."""
-    enc = cache.engine.documents.encoder
+    enc = engine.encoder
     room = enc.library
     if not library:
         enc.library = None
     elif budget is not None:
         enc.library = replace(room, idle=lambda: room.idle()[:budget])
     try:
-        prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy(policy))
+        prompt = with_recompute(engine.document_prompt(QUESTION, ids), parse_policy(policy))
         work = DocumentWork(prompt, enc, True)
         work.prepare()
         work.prefill(0)
-        logits = cache.engine.prompts.logits()
-        blob = ops.restream(cache.engine.prompts.state_get(0), 1)
-        cache.engine.prompts.seq_rm(0)
+        logits = engine.prompts.logits()
+        blob = ops.restream(engine.prompts.state_get(0), 1)
+        engine.prompts.seq_rm(0)
     finally:
         enc.library = room
     return prompt, logits, blob
@@ -112,21 +110,21 @@ def last_layer(blob) -> int:
     return state_blob.section_layers(blob)[0] - 1
 
 
-def each_run_alone(cache, prompt, plain, layer) -> dict[int, np.ndarray]:
+def each_run_alone(engine, prompt, plain, layer) -> dict[int, np.ndarray]:
     """Returns the K rows of every run computed alone after the cached cells before it (from `plain`), in stream 0."""
     out = {}
     for start, end in prompt.recomputed:
-        cache.engine.prompts.state_set(0, ops.restream(plain, cache.engine.prompts.n_stream))
-        cache.engine.prompts.seq_rm(0, start, -1)
-        cache.engine.prompts.decode(prompt.tokens[start:end], range(start, end), 0, logits_last=False)
-        k = keys(ops.restream(cache.engine.prompts.state_get(0), 1), layer)
+        engine.prompts.state_set(0, ops.restream(plain, engine.prompts.n_stream))
+        engine.prompts.seq_rm(0, start, -1)
+        engine.prompts.decode(prompt.tokens[start:end], range(start, end), 0, logits_last=False)
+        k = keys(ops.restream(engine.prompts.state_get(0), 1), layer)
         out.update({p: k[p] for p in range(start, end)})
-        cache.engine.prompts.seq_rm(0)
+        engine.prompts.seq_rm(0)
     return out
 
 
-def library_empty(cache) -> bool:
-    return all(cache.engine.ctx.seq_pos_max(seq) < 0 for seq in range(cache.engine.ctx.n_seq_max))
+def library_empty(engine) -> bool:
+    return all(engine.ctx.seq_pos_max(seq) < 0 for seq in range(engine.ctx.n_seq_max))
 
 
 def count_calls(monkeypatch, obj, name) -> list:
@@ -150,79 +148,80 @@ POLICY_BUDGET = [pair if pair in EACH_ONCE else pytest.param(*pair, marks=pytest
 
 @pytest.mark.parametrize("flash", FLASH)
 @pytest.mark.parametrize("policy, budget", POLICY_BUDGET)
-def test_each_run_is_computed_after_the_cached_cells_before_it(make_cache, tmp_path, policy, budget, flash):
-    cache = flash_cache(make_cache, tmp_path, flash)
-    ids = [cache.add_document(text) for text in TEXTS]
-    prompt, _, got = build(cache, ids, policy, budget=budget)
+def test_each_run_is_computed_after_the_cached_cells_before_it(make_engine, tmp_path, policy, budget, flash):
+    engine = flash_engine(make_engine, tmp_path, flash)
+    ids = [engine.add(text) for text in TEXTS]
+    prompt, _, got = build(engine, ids, policy, budget=budget)
     assert len(prompt.recomputed) >= 4
-    _, _, plain = build(cache, ids, "0")
+    _, _, plain = build(engine, ids, "0")
     layer = last_layer(got)
-    want, got_k, plain_k = each_run_alone(cache, prompt, plain, layer), keys(got, layer), keys(plain, layer)
+    want, got_k, plain_k = each_run_alone(engine, prompt, plain, layer), keys(got, layer), keys(plain, layer)
     assert sorted(got_k) == list(range(prompt.end))  # every position once, the runs' at theirs
     for p, row in want.items():
-        assert np.array_equal(got_k[p], row) if bit_exact(cache) else close_to(cache, got_k[p], row), p
+        assert np.array_equal(got_k[p], row) if bit_exact(engine) else close_to(engine, got_k[p], row), p
     assert any(not np.array_equal(plain_k[p], want[p]) for p in want)  # the runs did change
     for p in range(prompt.tail_start):
         if p not in want:
             assert np.array_equal(got_k[p], plain_k[p]), p  # the rest: the moved encodings' bytes
-    assert library_empty(cache)
+    assert library_empty(engine)
 
 
-def test_all_runs_go_in_one_decode_and_nothing_is_read_back_per_run(cache, monkeypatch):
-    ids = [cache.add_document(text) for text in TEXTS]
-    library_decodes = count_calls(monkeypatch, cache.engine.ctx, "_decode_chunk")
-    prompt_decodes = count_calls(monkeypatch, cache.engine.prompts, "decode")
-    reads = count_calls(monkeypatch, cache.engine.prompts, "state_get")
-    together = cache.engine.documents.encoder.library.together  # 1 on a sliding-window model (LibraryRoom)
-    prompt, _, _ = build(cache, ids, "head:3")
+def test_all_runs_go_in_one_decode_and_nothing_is_read_back_per_run(engine, monkeypatch):
+    ids = [engine.add(text) for text in TEXTS]
+    library_decodes = count_calls(monkeypatch, engine.ctx, "_decode_chunk")
+    prompt_decodes = count_calls(monkeypatch, engine.prompts, "decode")
+    reads = count_calls(monkeypatch, engine.prompts, "state_get")
+    together = engine.encoder.library.together  # 1 on a sliding-window model (LibraryRoom)
+    prompt, _, _ = build(engine, ids, "head:3")
     assert len(prompt.recomputed) == 4 and len(library_decodes) == (4 if together == 1 else 1)
     assert [len(tokens) for _, tokens, *_ in prompt_decodes] == [len(prompt.tail)]  # the question, nothing else
     assert len(reads) == 1  # build's own read of the result
     library_decodes.clear()
-    build(cache, ids, "head:3", budget=3)
+    build(engine, ids, "head:3", budget=3)
     assert len(library_decodes) == (4 if together == 1 else 2)  # 4 runs, 3 sequences: two groups
 
 
 @pytest.mark.parametrize("flash", FLASH)
-def test_a_single_run_is_computed_in_the_prompt_stream_as_before(make_cache, tmp_path, monkeypatch, flash):
+def test_a_single_run_is_computed_in_the_prompt_stream_as_before(make_engine, tmp_path, monkeypatch, flash):
     # One run (head:3 of the second of two documents) keeps the stream path, so recompute="all"
     # stays the full prefill bit for bit (test_documents.py); the one-pass code, called on it
     # directly, gives the same cells (bit for bit where bit_exact says so).
-    cache = flash_cache(make_cache, tmp_path, flash)
-    ids = [cache.add_document(text) for text in (FUJI, PARIS)]
-    library_decodes = count_calls(monkeypatch, cache.engine.ctx, "_decode_chunk")
-    prompt, logits, stream_path = build(cache, ids, "head:3")
+    engine = flash_engine(make_engine, tmp_path, flash)
+    ids = [engine.add(text) for text in (FUJI, PARIS)]
+    library_decodes = count_calls(monkeypatch, engine.ctx, "_decode_chunk")
+    prompt, logits, stream_path = build(engine, ids, "head:3")
     assert len(prompt.recomputed) == 1 and not library_decodes
-    _, _, plain = build(cache, ids, "0")
-    enc = cache.engine.documents.encoder
+    _, _, plain = build(engine, ids, "0")
+    enc = engine.encoder
     cached = ops.restore_blob([ops.restream(plain, 1)], 1)
     assert recompute_in_library(enc.library, cached, prompt.recomputed, prompt.tokens[:prompt.tail_start],
-                                cache.engine.prompts, 0)
+                                engine.prompts, 0)
     assert len(library_decodes) == 1
-    cache.engine.prompts.seq_rm(0, prompt.tail_start, -1)
-    cache.engine.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
-    one_pass = ops.restream(cache.engine.prompts.state_get(0), 1)
-    if bit_exact(cache):
-        assert one_pass == stream_path and np.array_equal(cache.engine.prompts.logits(), logits)
+    engine.prompts.seq_rm(0, prompt.tail_start, -1)
+    engine.prompts.decode(prompt.tail, range(prompt.tail_start, prompt.end), 0)
+    one_pass = ops.restream(engine.prompts.state_get(0), 1)
+    if bit_exact(engine):
+        assert one_pass == stream_path and np.array_equal(engine.prompts.logits(), logits)
     else:
-        assert np.argmax(cache.engine.prompts.logits()) == np.argmax(logits)
+        assert np.argmax(engine.prompts.logits()) == np.argmax(logits)
         layer = last_layer(one_pass)
         got_k, want_k = keys(one_pass, layer), keys(stream_path, layer)
-        assert all(close_to(cache, got_k[p], want_k[p]) for p in want_k)
-    cache.engine.prompts.seq_rm(0)
-    assert library_empty(cache)
+        assert all(close_to(engine, got_k[p], want_k[p]) for p in want_k)
+    engine.prompts.seq_rm(0)
+    assert library_empty(engine)
 
 
 @pytest.mark.parametrize("policy", ["head:4", "10%", "relevant:1", "tail:4,head:2"])
-def test_answers_run_and_every_borrowed_sequence_ends_empty(cache, policy):
-    ids = [cache.add_document(text) for text in (FUJI, NILE, PARIS, BANANA)]
-    prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy(policy))
-    result = cache.ask(QUESTION, documents=ids, max_tokens=4, recompute=policy, **APART)
+def test_answers_run_and_every_borrowed_sequence_ends_empty(engine, policy):
+    # Answered by the scheduler, as `ask` answers (its DocumentWork, Engine.question).
+    ids = [engine.add(text) for text in (FUJI, NILE, PARIS, BANANA)]
+    prompt = with_recompute(engine.document_prompt(QUESTION, ids), parse_policy(policy))
+    result = engine.answer(engine.question(QUESTION, ids, recompute=policy), max_tokens=4)
     assert result.token_ids and len(result.token_ids) <= 4
     assert result.uncached_tokens == len(prompt.tail) + prompt.recomputed_tokens
     assert result.cached_tokens == prompt.cached_tokens
-    assert library_empty(cache)
-    again = cache.ask(QUESTION, documents=ids, max_tokens=4, recompute=policy, **APART)
+    assert library_empty(engine)
+    again = engine.answer(engine.question(QUESTION, ids, recompute=policy), max_tokens=4)
     assert again.text == result.text  # an empty library: the same layout, the same bits
 
 
@@ -242,54 +241,54 @@ def _fail_in_move(library, staging, prompts, slot):
 
 
 @pytest.mark.parametrize("where", ["decode", "move"])
-def test_a_failure_mid_way_leaves_no_cells_behind(cache, monkeypatch, where):
-    ids = [cache.add_document(text) for text in TEXTS]
-    prompt = with_recompute(_prompt(cache, QUESTION, ids), parse_policy("head:3"))
+def test_a_failure_mid_way_leaves_no_cells_behind(engine, monkeypatch, where):
+    ids = [engine.add(text) for text in TEXTS]
+    prompt = with_recompute(engine.document_prompt(QUESTION, ids), parse_policy("head:3"))
     with monkeypatch.context() as patch:
         if where == "decode":
-            patch.setattr(cache.engine.ctx, "decode", _fail_in_decode(cache.engine.ctx))
+            patch.setattr(engine.ctx, "decode", _fail_in_decode(engine.ctx))
         else:
             patch.setattr(recompute_pass, "move_to_stream", _fail_in_move)
-        work = DocumentWork(prompt, cache.engine.documents.encoder, True)
+        work = DocumentWork(prompt, engine.encoder, True)
         work.prepare()
         with pytest.raises(RuntimeError, match="injected"):
             work.prefill(0)
-    assert library_empty(cache)
-    assert cache.engine.prompts.seq_pos_max(0) < 0 and cache.engine.prompts.seq_pos_max(cache.engine.roles.workspace) < 0
-    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="head:3", **APART)
-    assert result.token_ids and library_empty(cache)
+    assert library_empty(engine)
+    assert engine.prompts.seq_pos_max(0) < 0 and engine.prompts.seq_pos_max(engine.roles.workspace) < 0
+    result = engine.answer(engine.question(QUESTION, ids, recompute="head:3"), max_tokens=2)
+    assert result.token_ids and library_empty(engine)
 
 
 @pytest.mark.parametrize("why", ["no idle sequence", "no room"])
-def test_without_a_sequence_or_room_the_runs_are_computed_in_the_stream(cache, monkeypatch, why):
-    ids = [cache.add_document(text) for text in TEXTS]
-    _, stream_logits, stream_cells = build(cache, ids, "head:3", library=False)
-    enc = cache.engine.documents.encoder
+def test_without_a_sequence_or_room_the_runs_are_computed_in_the_stream(engine, monkeypatch, why):
+    ids = [engine.add(text) for text in TEXTS]
+    _, stream_logits, stream_cells = build(engine, ids, "head:3", library=False)
+    enc = engine.encoder
     if why == "no idle sequence":
         monkeypatch.setattr(enc, "library", replace(enc.library, idle=lambda: []))
     else:
         def full(seq, data):
             raise EngineError("llama.cpp could not restore: the context has no free cells")
-        monkeypatch.setattr(cache.engine.ctx, "state_set", full)
-    library_decodes = count_calls(monkeypatch, cache.engine.ctx, "_decode_chunk")
-    _, logits, cells = build(cache, ids, "head:3")
+        monkeypatch.setattr(engine.ctx, "state_set", full)
+    library_decodes = count_calls(monkeypatch, engine.ctx, "_decode_chunk")
+    _, logits, cells = build(engine, ids, "head:3")
     assert not library_decodes and cells == stream_cells and np.array_equal(logits, stream_logits)
-    assert library_empty(cache)
+    assert library_empty(engine)
 
 
-def test_busy_or_invalid_sequences_are_never_borrowed(cache):
-    ctx = cache.engine.ctx
-    busy = cache.engine.roles.libraries[0]
+def test_busy_or_invalid_sequences_are_never_borrowed(engine):
+    ctx = engine.ctx
+    busy = engine.roles.libraries[0]
     ctx.decode([1, 2, 3], range(3), busy, logits_last=False)  # cells someone holds
     try:
-        room = LibraryRoom(ctx, cache.engine.roles.slots, lambda: [busy, -1, ctx.n_seq_max, 0, 7, 7, 8])
+        room = LibraryRoom(ctx, engine.roles.slots, lambda: [busy, -1, ctx.n_seq_max, 0, 7, 7, 8])
         assert room.borrow(0) == [7, 8]
     finally:
         ctx.seq_rm(busy)
     with pytest.raises(EngineError, match="staging"):
-        recompute_in_library(room, b"", [(1, 2)], [1, 2, 3], cache.engine.prompts, cache.engine.roles.workspace)
+        recompute_in_library(room, b"", [(1, 2)], [1, 2, 3], engine.prompts, engine.roles.workspace)
     with pytest.raises(EngineError, match="sorted"):
-        recompute_in_library(room, b"", [(2, 3), (1, 2)], [1, 2, 3], cache.engine.prompts, 0)
+        recompute_in_library(room, b"", [(2, 3), (1, 2)], [1, 2, 3], engine.prompts, 0)
     assert groups([(1, 2), (3, 4), (5, 6)], 2) == [[(1, 2), (3, 4)], [(5, 6)]]
 
 
@@ -298,13 +297,15 @@ SCHEMA = ('<schema name="s"><system>Be brief.</system><user><module name="a">The
 PROMPT = '<prompt schema="s"><a/><b/><user>When does the ferry leave?</user></prompt>'
 
 
-def test_resident_modules_keep_their_cells(cache):
-    before = prefill_logits(cache, SCHEMA, PROMPT, use_cache=True)
-    resident = [(seq, cache.engine.ctx.seq_pos_min(seq), cache.engine.ctx.seq_pos_max(seq)) for seq in range(cache.engine.ctx.n_seq_max)]
+def test_resident_modules_keep_their_cells(engine):
+    layout = engine.load(SCHEMA)
+    plan = engine.plan(layout, PROMPT)
+    before = engine.prefill_logits(layout, plan)
+    ctx = engine.ctx
+    resident = [(seq, ctx.seq_pos_min(seq), ctx.seq_pos_max(seq)) for seq in range(ctx.n_seq_max)]
     assert any(hi >= 0 for _, _, hi in resident)
-    ids = [cache.add_document(text) for text in TEXTS]
-    result = cache.ask(QUESTION, documents=ids, max_tokens=2, recompute="head:3", **APART)
+    ids = [engine.add(text) for text in TEXTS]
+    result = engine.answer(engine.question(QUESTION, ids, recompute="head:3"), max_tokens=2)
     assert result.token_ids
-    assert [(seq, cache.engine.ctx.seq_pos_min(seq), cache.engine.ctx.seq_pos_max(seq))
-            for seq in range(cache.engine.ctx.n_seq_max)] == resident
-    assert np.array_equal(prefill_logits(cache, SCHEMA, PROMPT, use_cache=True), before)
+    assert [(seq, ctx.seq_pos_min(seq), ctx.seq_pos_max(seq)) for seq in range(ctx.n_seq_max)] == resident
+    assert np.array_equal(engine.prefill_logits(layout, plan), before)

@@ -47,7 +47,7 @@ def test_adjacent_scaffold_gives_the_full_prefill_logits(make_cache, schema, imp
     prompt = f'<prompt schema="s">{imports}{QUESTION}</prompt>'
     cache = make_cache()
     cached = prefill_logits(cache, schema, prompt, use_cache=True)
-    a, b = cache.layout("s").modules["a"], cache.layout("s").modules["b"]
+    a, b = cache.schemas.layout("s").modules["a"], cache.schemas.layout("s").modules["b"]
     baseline = batched_prefill_logits(make_cache(), schema, prompt, [a.start, b.end])  # the joint run is one batch
     assert np.abs(cached - baseline).max() == 0.0
 
@@ -87,7 +87,7 @@ def test_partial_import_uses_the_members_own_cells(make_cache):
     plan = cache.plan(f'<prompt schema="s"><b/><other/>{QUESTION}</prompt>')
     assert sources(plan)["b"] == {None}
     assert plan.encoding_of("b") == "b"
-    with cache.prefilled(plan, use_cache=True) as prompt:
+    with cache.workbench.prefilled(plan, use_cache=True) as prompt:
         assert prompt.positions() == list(plan.positions)
         logits = prompt.logits()
     # The cells came from b's own library sequence: the same logits as a cache that has no scaffold.
@@ -95,16 +95,14 @@ def test_partial_import_uses_the_members_own_cells(make_cache):
     assert np.allclose(logits, apart, atol=1e-3)
 
 
-def test_scaffold_cells_are_kept_apart_from_the_members(make_cache):
-    cache = make_cache()
-    cache.load_schema(ADJACENT)
-    layout = cache.layout("s")
-    own = cache.engine.modules.sequence_of(cache.layout("s"), "a")
-    joint = cache.engine.modules.sequence_of(cache.layout("s"), scaffold_key("both"))
+def test_scaffold_cells_are_kept_apart_from_the_members(engine):
+    layout = engine.load(ADJACENT)
+    own = engine.modules.sequence_of(layout, "a")
+    joint = engine.modules.sequence_of(layout, scaffold_key("both"))
     assert own is not None and joint is not None and own != joint
     a, b = layout.modules["a"], layout.modules["b"]
-    assert cell_positions(cache.engine.ctx, joint, layout.length, cache.engine.roles.hold) == list(range(a.start, b.end))
-    assert cache.resident_cells == layout.cached_cells + (b.end - a.start)
+    assert cell_positions(engine.ctx, joint, layout.length, engine.roles.hold) == list(range(a.start, b.end))
+    assert engine.resident.cells == layout.cached_cells + (b.end - a.start)
 
 
 def test_nested_members_are_imported_by_the_scaffold(make_cache):
@@ -115,7 +113,7 @@ def test_nested_members_are_imported_by_the_scaffold(make_cache):
     assert {k: v for k, v in sources(by_name).items() if k != "#root"} == {"p": {"scaffold:sc"}, "c": {"scaffold:sc"}}
     assert sources(cache.plan('<prompt schema="n"><p/> Go.</prompt>'))["p"] == {None}
     logits = prefill_logits(cache, NESTED, '<prompt schema="n"><sc/> Go.</prompt>', use_cache=True)
-    p = cache.layout("n").modules["p"]
+    p = cache.schemas.layout("n").modules["p"]
     baseline = batched_prefill_logits(make_cache(), NESTED, '<prompt schema="n"><sc/> Go.</prompt>', [p.start, p.end])
     assert np.abs(logits - baseline).max() == 0.0  # p's runs and c follow each other: no gap
 
@@ -125,13 +123,13 @@ def test_nested_members_are_imported_by_the_scaffold(make_cache):
 def test_gapped_scaffold_assembles_at_the_layout_positions(make_cache):
     cache = make_cache()
     cache.load_schema(GAPPED)
-    layout = cache.layout("g")
+    layout = cache.schemas.layout("g")
     plan = cache.plan(f'<prompt schema="g"><both/>{QUESTION}</prompt>')
     # After the ROOT preamble (BOS, where the model adds one), the ROOT text between the members is computed.
     ops = [op for op in plan.ops if getattr(op, "module", None) != "#root"]
     assert [type(op) for op in ops] == [CopyCells, DecodeTokens, CopyCells, DecodeTokens]
     assert ops[2].start == layout.modules["b"].start and ops[2].source == "scaffold:both"
-    with cache.prefilled(plan, use_cache=True) as prompt:
+    with cache.workbench.prefilled(plan, use_cache=True) as prompt:
         assert prompt.positions() == list(plan.positions)
         logits = prompt.logits()
     assert np.isfinite(logits).all()
@@ -146,20 +144,19 @@ def layer0_keys(blob: bytes) -> dict[int, np.ndarray]:
     return {int(pos): k[i] for i, pos in enumerate(positions)}
 
 
-def test_moved_cells_are_re_rotated_before_anyone_reads_them(make_cache):
+def test_moved_cells_are_re_rotated_before_anyone_reads_them(engine):
     # The first layer's K depends only on the token and its position, so b's cells in the
     # joint encoding (computed earlier, then moved) must match b's own cells, computed in place,
     # up to F16 rounding of the rotation. Read straight after loading: no prompt decode yet.
-    cache = make_cache()
-    cache.load_schema(GAPPED)
-    b = cache.layout("g").modules["b"]
-    joint = layer0_keys(cache.engine.ctx.state_get(cache.engine.modules.sequence_of(cache.layout("g"), scaffold_key("both"))))
-    own = layer0_keys(cache.engine.ctx.state_get(cache.engine.modules.sequence_of(cache.layout("g"), "b")))
+    layout = engine.load(GAPPED)
+    b = layout.modules["b"]
+    joint = layer0_keys(engine.ctx.state_get(engine.modules.sequence_of(layout, scaffold_key("both"))))
+    own = layer0_keys(engine.ctx.state_get(engine.modules.sequence_of(layout, "b")))
     moved = np.stack([joint[p] for p in range(b.start, b.end)])
     direct = np.stack([own[p] for p in range(b.start, b.end)])
     assert np.abs(moved - direct).max() < 0.02 * np.abs(direct).max()
     # Not rotated, they would sit where they were computed: the gap's width earlier.
-    gap = b.start - cache.layout("g").modules["a"].end
+    gap = b.start - layout.modules["a"].end
     assert gap > 0
     unrotated = np.stack([own.get(p - gap, direct[0]) for p in range(b.start, b.end)])
     assert np.abs(moved - unrotated).max() > 10 * np.abs(moved - direct).max()
@@ -172,7 +169,7 @@ def test_scaffold_with_a_union_is_refused_at_load(make_cache):
     with pytest.raises(SchemaError, match="scaffold 'sc' holds module 'x' of union 'u'.*move the union out"):
         cache.load_schema('<schema name="u"><scaffold name="sc"><module name="m">M</module><union name="u">'
                           '<module name="x">X</module><module name="y">Y</module></union></scaffold></schema>')
-    assert "u" not in cache.schema_names
+    assert "u" not in cache.schemas.names
 
 
 @pytest.mark.parametrize("prompt, message", [
@@ -205,15 +202,13 @@ def test_scaffold_member_with_params_needs_explicit_imports(make_cache):
         cache.plan('<prompt schema="q"><sc/></prompt>')
 
 
-def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(make_cache):
+def test_a_gapped_scaffold_is_pinned_at_its_layout_positions(engine):
     # The runs are pinned as they are computed and then moved: the pin must follow them, and
     # must not keep a cell at a position where a run was only computed.
-    cache = make_cache()
-    cache.load_schema(GAPPED)
-    layout = cache.layout("g")
-    resident = cache.engine.modules.resident
+    layout = engine.load(GAPPED)
+    resident = engine.modules.resident
     held = sorted(p for key in resident.keys() for a, b in resident.intervals(key) for p in range(a, b))
-    pinned = ops.section_positions(cache.engine.ctx.state_get(cache.engine.roles.pin))[0]
-    scaffold = resident.intervals(cache.engine.modules.key_of(layout, scaffold_key("both")))
+    pinned = ops.section_positions(engine.ctx.state_get(engine.roles.pin))[0]
+    scaffold = resident.intervals(engine.modules.key_of(layout, scaffold_key("both")))
     assert len(scaffold) == 2 and scaffold[0][1] < scaffold[1][0] < layout.length  # a gap: b's run was moved
     assert sorted(pinned.tolist()) == held  # members and scaffold alike, so some positions twice

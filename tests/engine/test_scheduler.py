@@ -48,16 +48,16 @@ def test_concurrent_prompts_get_their_single_request_answers(make_cache):
     alone = [cache.generate(prompt(q), max_tokens=24).token_ids for q in QUESTIONS]
     together = run_in_threads(lambda q: cache.generate(prompt(q), max_tokens=24).token_ids, QUESTIONS)
     assert together == alone
-    assert cache.scheduler.stats.max_batch > 1  # they did run together
+    assert cache.workbench.scheduler.stats.max_batch > 1  # they did run together
 
 
 def test_concurrent_streams_give_the_streamed_text_and_share_module_cells(make_cache):
     cache = make_cache(parallel=8)
     cache.load_schema(SCHEMA)
-    resident = cache.resident_cells
+    resident = cache.schemas.resident_cells
     texts = run_in_threads(lambda q: "".join(cache.stream(prompt(q), max_tokens=12)), QUESTIONS)
     assert texts == [cache.generate(prompt(q), max_tokens=12).text for q in QUESTIONS]
-    assert cache.resident_cells == resident  # one copy of the module however many prompts read it
+    assert cache.schemas.resident_cells == resident  # one copy of the module however many prompts read it
 
 
 @pytest.mark.tiny_only  # counts every token up to max_tokens: a real model ends some answers early
@@ -67,7 +67,7 @@ def test_prompts_really_run_together(make_cache):
     # Each request reserves cells for its prompt and max_tokens: 4 x ~170 fit in 1,024.
     streams = [cache.stream(prompt(q), max_tokens=150) for q in QUESTIONS[:4]]
     results = [("".join(s), s.result)[1] for s in streams]
-    stats = cache.scheduler.stats
+    stats = cache.workbench.scheduler.stats
     assert stats.max_batch == 4
     assert stats.tokens == sum(len(r.token_ids) - 1 for r in results)  # each first token comes from its prefill
 
@@ -77,14 +77,14 @@ def test_closing_a_stream_frees_its_slot_for_the_next_prompt(make_cache):
     cache.load_schema(SCHEMA)
     stream = cache.stream(prompt(QUESTIONS[0]), max_tokens=500)
     next(iter(stream))
-    with cache.lock:  # between two of its steps, so that the count below is the last it decoded
+    with cache.workbench.lock:  # between two of its steps, so that the count below is the last it decoded
         stream.close()
-        decoded = cache.scheduler.stats.tokens
+        decoded = cache.workbench.scheduler.stats.tokens
     result = cache.generate(prompt(QUESTIONS[1]), max_tokens=4)
     assert len(result.token_ids) == 4
     # Only the next prompt's tokens were decoded since (its first one comes from its prefill).
-    assert cache.scheduler.stats.tokens == decoded + len(result.token_ids) - 1
-    assert cache.wait_idle(timeout=WAIT_S) and cache.scheduler.active == 0
+    assert cache.workbench.scheduler.stats.tokens == decoded + len(result.token_ids) - 1
+    assert cache.wait_idle(timeout=WAIT_S) and cache.workbench.scheduler.active == 0
 
 
 def test_loading_a_schema_while_prompts_run(make_cache):
@@ -114,11 +114,11 @@ def test_requests_wait_for_a_free_slot_and_then_run(make_cache):
     streams = [cache.stream(prompt(q), max_tokens=400) for q in QUESTIONS[:4]]
     results = [("".join(s), s.result)[1] for s in streams]
     assert all(r.finish_reason == "length" and len(r.token_ids) == 400 for r in results)
-    assert cache.scheduler.stats.max_batch == 2
+    assert cache.workbench.scheduler.stats.max_batch == 2
 
 
 class PromptDuringWork:
-    """A prompt sent from another thread while long work holds cache.lock; `events` shows when it was answered.
+    """A prompt sent from another thread while long work holds cache.workbench.lock; `events` shows when it was answered.
 
     Call `step(event)` from the work's progress callback, which runs holding the lock between two
     of its steps. The first call sends the prompt and returns once its thread waits for the lock.
@@ -136,7 +136,7 @@ class PromptDuringWork:
         self._raised: list[BaseException] = []
 
     def step(self, event) -> None:
-        lock = self._cache.lock
+        lock = self._cache.workbench.lock
         if self._thread is None:
             before = lock.waiting
             self._thread = threading.Thread(target=self._run, daemon=True)
@@ -144,7 +144,7 @@ class PromptDuringWork:
             assert lock.wait_for_waiters(before + 1, WAIT_S), f"the prompt did not ask for the lock within {WAIT_S} s"
         elif "answered" not in self.events:
             # Neither can change until this thread gives way: the prompt is sent, and run, under the lock.
-            queue = self._cache.scheduler.queue_stats()
+            queue = self._cache.workbench.scheduler.queue_stats()
             if self._sent.is_set() and not (queue.active or queue.waiting):
                 self.events.append("answered")
             else:
@@ -153,7 +153,7 @@ class PromptDuringWork:
 
     def _run(self) -> None:
         try:
-            with self._cache.lock:  # taken again inside send(), which a FairLock allows
+            with self._cache.workbench.lock:  # taken again inside send(), which a FairLock allows
                 try:
                     stream = self._send()
                 finally:
@@ -205,18 +205,18 @@ def test_give_way_lets_running_prompts_finish_not_just_take_one_step(make_cache)
     results = []
     thread = threading.Thread(target=lambda: results.append(cache.generate(prompt(QUESTIONS[0]), max_tokens=300)),
                               daemon=True)
-    with cache.lock:
+    with cache.workbench.lock:
         # The prompt is let in one turn at a time, so that it has started, and is far from done, when we give way.
         thread.start()
-        assert cache.lock.wait_for_waiters(1, WAIT_S)  # its caller, to plan it
-        cache.lock.yield_turn()
-        assert cache.lock.wait_for_waiters(1, WAIT_S)  # the scheduler, to start it
-        cache.lock.yield_turn()
-        assert cache.scheduler.active and not results
+        assert cache.workbench.lock.wait_for_waiters(1, WAIT_S)  # its caller, to plan it
+        cache.workbench.lock.yield_turn()
+        assert cache.workbench.lock.wait_for_waiters(1, WAIT_S)  # the scheduler, to start it
+        cache.workbench.lock.yield_turn()
+        assert cache.workbench.scheduler.active and not results
         started = time.monotonic()
-        cache.scheduler.give_way(WAIT_S)
+        cache.workbench.scheduler.give_way(WAIT_S)
         waited = time.monotonic() - started
-        assert not cache.scheduler.active  # it ran to its end while we gave way...
+        assert not cache.workbench.scheduler.active  # it ran to its end while we gave way...
         thread.join(timeout=WAIT_S)  # ...so its caller needs no more turns (a live request would hang here)
         assert results and len(results[0].token_ids) == 300
     assert waited < WAIT_S  # given way until the prompt ended, not until the deadline
@@ -249,7 +249,7 @@ def test_a_cancelled_schema_load_stops_after_a_batch_and_leaves_the_schema_unloa
 
     with pytest.raises(CancelledError, match="loading schema 'big' was cancelled"):
         cache.load_schema(pml, progress=on_progress, cancel=cancel)
-    assert len(seen) == 1 and "big" not in cache.schema_names
+    assert len(seen) == 1 and "big" not in cache.schemas.names
     cache.load_schema(pml)  # the workspace was left clean
     assert cache.generate('<prompt schema="big"><ledger/> How many crates?</prompt>', max_tokens=2).token_ids
 
@@ -272,7 +272,7 @@ def test_an_idle_tasks_delay_counts_from_the_last_answer_not_its_own(make_cache,
     from pc_cpu.engine.runtime.prompt_work import IdleTask
 
     cache = make_cache()
-    scheduler, now = cache.scheduler, [100.0]
+    scheduler, now = cache.workbench.scheduler, [100.0]
     monkeypatch.setattr(scheduler_module.time, "monotonic", lambda: now[0])
     task = IdleTask("prefix-1", (1, 2, 3), lambda slot: None, skip=lambda: True, delay=0.25)
     scheduler._queue_idle(_Finished(task), None)

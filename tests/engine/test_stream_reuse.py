@@ -54,9 +54,9 @@ def test_a_select_prompt_neither_reuses_a_held_stream_nor_leaves_one(make_cache,
     cache.generate(question, max_tokens=2, recompute="select:50%")
     cache.generate(question, max_tokens=2)  # nothing held to reuse: it restores
     assert tails == []
-    cache.blender.last_selected = ()
+    cache.workbench.blender.last_selected = ()
     cache.generate(question, max_tokens=2, recompute="select:50%")  # the stream just held is not reused
-    assert tails == [] and len(cache.blender.last_selected) > 0
+    assert tails == [] and len(cache.workbench.blender.last_selected) > 0
 
 
 def test_a_cancelled_prompt_leaves_nothing_to_reuse(make_cache, monkeypatch):
@@ -84,14 +84,13 @@ def test_the_same_documents_again_reuse_the_stream(make_cache, monkeypatch, tmp_
     assert tails == ["prefill_tail"] and second.token_ids == alone.token_ids
 
 
-def test_state_read_into_the_reused_buffer_is_the_state(make_cache):
+def test_state_read_into_the_reused_buffer_is_the_state(engine):
     # move_to_stream reads a prompt's state into a buffer the context keeps; the bytes must be
     # exactly state_get's, followed by the zeroed room asked for, call after call.
-    cache = make_cache(store=False)
-    ctx = cache.engine.ctx
-    tokens = cache.model.tokenize("One two three four five six seven. " * 8, special=False)
+    ctx = engine.ctx  # the library context
+    tokens = engine.model.tokenize("One two three four five six seven. " * 8, special=False)
     ctx.decode(tokens, range(len(tokens)), 0, logits_last=False)
-    short = cache.model.tokenize("Eight nine.", special=False)
+    short = engine.model.tokenize("Eight nine.", special=False)
     ctx.decode(short, range(len(short)), 1, logits_last=False)
     try:
         for seq, room in ((0, 0), (1, 50), (0, 12)):  # long; shorter, its room over stale bytes; long again

@@ -27,6 +27,11 @@ def answers(cache) -> dict[str, list[int]]:
     return {name: cache.generate(prompt(name), max_tokens=6).token_ids for name in DOCS}
 
 
+def cells_ids(cache) -> set[str]:
+    """Returns the model ids the RAM tier's cells are stored under (the library context's Context.cells_id)."""
+    return {key.model for key in cache.store.tier("ram").keys()}
+
+
 def test_a_second_process_serves_from_disk_without_encoding(make_cache, store_dir):
     first = make_cache(store=store_dir)
     first.load_schema(SCHEMA)
@@ -35,7 +40,7 @@ def test_a_second_process_serves_from_disk_without_encoding(make_cache, store_di
     second.load_schema(SCHEMA, encode=False)
     result = second.generate(prompt("b"), max_tokens=6)
     assert result.tiers == {"#root": "disk", "b": "disk"}
-    assert second.modules_encoded == 0
+    assert second.schemas.encoded == 0
     assert result.token_ids == expected["b"]
 
 
@@ -44,10 +49,10 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     flash.load_schema(SCHEMA)
     assert set(flash.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}
     plain = make_cache(store=store_dir, flash_attn=False)  # V transposed: llama.cpp will not restore flash cells into it
-    assert plain.engine.ctx.cells_id != flash.engine.ctx.cells_id == flash.model.info.fingerprint  # older entries keep their key
     assert flash.flash_attn and not plain.flash_attn
     plain.load_schema(SCHEMA)
-    assert plain.modules_encoded == flash.modules_encoded > 0  # not served the other layout's cells: its own
+    assert cells_ids(plain) != cells_ids(flash) == {flash.model.info.fingerprint}  # older entries keep their key
+    assert plain.schemas.encoded == flash.schemas.encoded > 0  # not served the other layout's cells: its own
     result = plain.generate(prompt("b"), max_tokens=6)
     assert result.token_ids == plain.generate(prompt("b"), max_tokens=6, use_cache=False).token_ids
     assert set(plain.add_document("Ferns grow in shade.").tiers.values()) == {"encoded"}  # documents too
@@ -55,11 +60,11 @@ def test_cells_stored_with_flash_attention_are_kept_apart_from_cells_without_it(
     # so a store made before it went off by default still serves a cache that turns it on.
     again = make_cache(store=store_dir, flash_attn=True)
     again.load_schema(SCHEMA, encode=False)
-    assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.modules_encoded == 0
+    assert set(again.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and again.schemas.encoded == 0
     default = make_cache(store=store_dir)  # off, except on sliding-window models (default_flash_attn)
-    assert default.engine.ctx.cells_id == (flash if default.model.info.n_swa else plain).engine.ctx.cells_id
     default.load_schema(SCHEMA, encode=False)
-    assert set(default.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and default.modules_encoded == 0
+    assert set(default.generate(prompt("b"), max_tokens=6).tiers.values()) == {"disk"} and default.schemas.encoded == 0
+    assert cells_ids(default) == cells_ids(flash if default.model.info.n_swa else plain)  # promoted from disk
 
 
 @pytest.mark.tiny_only  # equal tokens across cell layouts: SmolLM2's rounding flips a near-tie (README)
@@ -67,15 +72,15 @@ def test_evicted_modules_come_back_from_ram_with_the_same_answers(make_cache, st
     roomy = make_cache(store=False)
     roomy.load_schema(SCHEMA)
     expected = answers(roomy)
-    cells = roomy.layout("t").modules["a"].n_tokens
+    cells = roomy.schemas.layout("t").modules["a"].n_tokens
     # One prompt slot: its stream keeps only the last prompt's cells for reuse (the one before "a" is "c").
     tight = make_cache(store=False, n_ctx=2 * cells + 40, parallel=1)  # room for one document at a time
     tight.load_schema(SCHEMA)
-    assert tight.resident_cells < roomy.resident_cells  # the schema does not fit: some were evicted
+    assert tight.schemas.resident_cells < roomy.schemas.resident_cells  # the schema does not fit: some were evicted
     assert answers(tight) == expected
     again = tight.generate(prompt("a"), max_tokens=6)
     assert again.tiers["a"] == "ram" and again.token_ids == expected["a"]
-    assert tight.modules_encoded == roomy.modules_encoded  # nothing encoded twice
+    assert tight.schemas.encoded == roomy.schemas.encoded  # nothing encoded twice
 
 
 def test_restored_cells_sit_at_the_layout_positions(make_cache, store_dir):
@@ -83,8 +88,8 @@ def test_restored_cells_sit_at_the_layout_positions(make_cache, store_dir):
     cache = make_cache(store=store_dir)
     cache.load_schema(SCHEMA, encode=False)
     plan = cache.plan(prompt("c"))
-    assert cache.prepare(plan, use_cache=True)["c"] == "disk"
-    with cache.prefilled(plan, use_cache=True) as prefilled:
+    assert cache.workbench.prepare(plan, use_cache=True)["c"] == "disk"
+    with cache.workbench.prefilled(plan, use_cache=True) as prefilled:
         assert prefilled.positions() == list(plan.positions)
 
 
@@ -149,49 +154,54 @@ def test_evict_frees_the_context_and_the_next_prompt_restores_from_ram(make_cach
     cache = make_cache(store=False)
     cache.load_schema(SCHEMA)
     expected = cache.generate(prompt("a"), max_tokens=6).token_ids
-    assert cache.evict("t") > 0 and cache.resident_cells == 0
+    assert cache.evict("t") > 0 and cache.schemas.resident_cells == 0
     result = cache.generate(prompt("a"), max_tokens=6)
     assert result.tiers == {"#root": "ram", "a": "ram"} and result.token_ids == expected
 
 
-def pinned_cells(cache) -> int:
+# --- the pin, in the machinery built as a PromptCache builds it (tests/engine/machinery.py Engine) ---
+
+def pinned_cells(engine) -> int:
     """Returns how many cells the pin sequence holds (every resident cell, and nothing else)."""
     from pc_cpu.kvstate import state_blob
 
-    if cache.engine.ctx.seq_pos_max(cache.engine.roles.pin) < 0:
+    if engine.ctx.seq_pos_max(engine.roles.pin) < 0:
         return 0
-    return state_blob.scan(cache.engine.ctx.state_get(cache.engine.roles.pin)).n_cell
+    return state_blob.scan(engine.ctx.state_get(engine.roles.pin)).n_cell
 
 
-def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_cache):
+def engine_answers(engine, layout) -> dict[str, list[int]]:
+    return {name: engine.generate(layout, prompt(name), max_tokens=6).token_ids for name in DOCS}
+
+
+def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_engine):
     # Every resident cell is shared with the pin so that llama.cpp's sliding-window cache never reuses
     # it; dropping an encoding must release only its own cells, even where another holds the same positions.
     other = SCHEMA.replace('name="t"', 'name="u"').replace("Read this.", "Read that.")
-    cache = make_cache()
-    cache.load_schema(SCHEMA)
-    cache.load_schema(other)  # the same positions again, in other library sequences
-    assert pinned_cells(cache) == cache.resident_cells > 0
-    cache.evict("u")
-    assert pinned_cells(cache) == cache.resident_cells > 0
-    assert cache.generate(prompt("c"), max_tokens=4, recompute="tail:4").token_ids
-    cache.unload_schema("t")
-    assert cache.resident_cells == pinned_cells(cache) == 0
+    engine = make_engine()
+    layout = engine.load(SCHEMA)
+    engine.load(other)  # the same positions again, in other library sequences
+    assert pinned_cells(engine) == engine.resident.cells > 0
+    engine.evict("u")
+    assert pinned_cells(engine) == engine.resident.cells > 0
+    assert engine.generate(layout, prompt("c"), max_tokens=4, recompute="tail:4").token_ids
+    engine.evict("t")  # as unload_schema frees its cells
+    assert engine.resident.cells == pinned_cells(engine) == 0
 
 
-def test_a_stored_state_refused_at_restore_is_removed_and_re_encoded(make_cache, store_dir, monkeypatch, caplog):
-    clean = make_cache(store=store_dir)
-    clean.load_schema(SCHEMA)
-    expected = answers(clean)
-    cache = make_cache(store=store_dir)
-    cache.load_schema(SCHEMA, encode=False)
+def test_a_stored_state_refused_at_restore_is_removed_and_re_encoded(make_engine, store_dir, monkeypatch, caplog):
+    clean = make_engine(store=store_dir)
+    expected = engine_answers(clean, clean.load(SCHEMA))
+    engine = make_engine(store=store_dir)
+    layout = engine.layout(SCHEMA)  # laid out, not encoded
     monkeypatch.setattr(ModuleCache, "_restore", lambda self, entry, runs, library, shift=0: "refused for this test")
 
     with caplog.at_level(logging.WARNING):
-        result = cache.generate(prompt("a"), max_tokens=6)
+        result = engine.generate(layout, prompt("a"), max_tokens=6)
 
     assert result.tiers == {"#root": "encoded", "a": "encoded"}
     assert result.token_ids == expected["a"]
     assert sum("refused for this test" in r.getMessage() for r in caplog.records) == 2  # ROOT's preamble and a
-    assert pinned_cells(cache) == cache.resident_cells > 0  # the refused slots left nothing behind
+    assert pinned_cells(engine) == engine.resident.cells > 0  # the refused slots left nothing behind
     monkeypatch.undo()
-    assert cache.evict("t") and cache.generate(prompt("a"), max_tokens=6).tiers["a"] == "ram"  # stored afresh
+    assert engine.evict("t") and engine.generate(layout, prompt("a"), max_tokens=6).tiers["a"] == "ram"  # stored afresh

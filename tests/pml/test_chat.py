@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptError
+from pc_cpu.pml.document_layout import DocumentToPlace
 from pc_cpu.pml.chat import (ChatMessage, ChatTemplate, MovedRun, chat_prompt, check_after_edit, check_messages,
                              common_prefix, moved_runs, prefix_digests)
 from tests.fake_tokenizer import WordTokenizer
@@ -79,7 +80,7 @@ def test_a_template_that_rewrites_content_is_tokenized_whole_in_one_call():
     assert tokenizer.calls == [("QUIET\nWORDS\nMORE\n", True)]
     assert prompt.calls == ((0, prompt.end),) and prompt.answers == ()
     with pytest.raises(PromptError, match="documents cannot be placed"):
-        chat_prompt(conversation("quiet"), ChatTemplate(REWRITING), tokenizer, documents=[("d", (5, 6))])
+        chat_prompt(conversation("quiet"), ChatTemplate(REWRITING), tokenizer, documents=[DocumentToPlace("d", (5, 6))])
 
 
 def test_without_a_template_roles_are_plain_and_an_answer_follows_the_prompt_without_a_space():
@@ -92,9 +93,10 @@ def test_without_a_template_roles_are_plain_and_an_answer_follows_the_prompt_wit
 
 def test_documents_sit_before_the_first_user_text_and_end_a_call():
     tokenizer, template = WordTokenizer(), ChatTemplate(CHATML)
-    docs = [("d1", tuple(tokenizer.tokenize("first doc", special=False))),
-            ("d2", tuple(tokenizer.tokenize("second doc text", special=False)))]
-    prompt = chat_prompt(conversation("the question", system="Be brief."), template, tokenizer, documents=docs)
+    docs = [DocumentToPlace("d1", tuple(tokenizer.tokenize("first doc", special=False))),
+            DocumentToPlace("d2", tuple(tokenizer.tokenize("second doc text", special=False)))]
+    prompt = chat_prompt(conversation("the question", system="Be brief."), template, tokenizer, documents=docs,
+                         n_ctx=512)
     placed = prompt.documents
     assert [d.id for d in placed.documents] == ["d1", "d2"]
     assert tokenizer.text(placed.preamble).endswith("<|im_start|> user")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import DocumentError, PromptCacheError
-from pc_cpu.pml.document_layout import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, check_encoding, check_question, document_id,
-                                  document_segment,
-                                  layout_documents, order_documents, preamble_tokens, stand_in_places, stand_ins)
+from pc_cpu.pml.document_layout import (STAND_IN_DOCUMENTS, STAND_IN_TOKENS, DocumentToPlace, check_encoding,
+                                        check_question, document_id, document_segment, layout_documents,
+                                        order_documents, place_documents, preamble_tokens, stand_in_places, stand_ins)
 from tests.fake_tokenizer import WordTokenizer
 from tests.pml.conftest import CHATML_MARKUP, utf8_refusal
 
@@ -92,3 +92,14 @@ def test_a_document_segment_is_computed_at_its_home_right_after_its_context():
 
     assert (segment.start, segment.end, segment.first_position, segment.context) == (3, 5, 0, (1, 2, 3))
     assert document_segment((), (1, 2, 3), "document preamble").runs[0].start == 0  # a preamble is its own home
+
+
+def test_documents_are_placed_after_their_stand_ins_within_the_room_the_context_leaves():
+    first = DocumentToPlace("d1", (11, 12, 13))
+    second = DocumentToPlace("d2", (21, 22), before=(("d0", tuple(range(100, 700))), ("d1", (11, 12, 13))))
+    placed = place_documents((1, 2), [first, second], (9,), n_ctx=4096)
+    assert placed.documents[0].after == ()  # the first sits at its home, after the preamble alone
+    assert placed.documents[1].after == stand_ins([tuple(range(100, 700)), (11, 12, 13)], 4096 - 2 - 2 - 1)
+    assert placed.documents[1].after_ids == ("d0", "d1")
+    tight = place_documents((1, 2), [first, second], (9,), n_ctx=20)
+    assert len(tight.documents[1].after) == 20 - 2 - 2 - 1  # no more stand-ins than the context has room for

@@ -20,7 +20,7 @@ def test_health_and_models_name_the_loaded_gguf(client, server_cache):
 
 def test_stats_report_the_caches_tiers_queues_memory_and_the_process(client, server_cache):
     stats = client.get("/v1/stats").json()
-    assert stats["object"] == "stats" and stats["schemas"] == len(server_cache.schema_names)
+    assert stats["object"] == "stats" and stats["schemas"] == len(server_cache.schemas.names)
     assert stats["tiers"]["ram"]["budget_bytes"] == server_cache.store.tier("ram").budget_bytes
     assert set(stats["queues"]) == {"active", "waiting", "held_streams", "idle_tasks"}
     assert stats["memory"] == server_cache.memory().to_dict()

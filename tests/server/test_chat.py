@@ -5,20 +5,21 @@ from __future__ import annotations
 import pytest
 
 from pc_cpu.errors import PromptError
+from pc_cpu.pml.chat import ChatMessage
 from pc_cpu.pml.prompt import parse_prompt
-from pc_cpu.server.chat import Message, cleaned_text, messages_to_pml, split_imports
+from pc_cpu.server.chat import cleaned_text, messages_to_pml, split_imports
 
 NAMES = {"doc", "plan", "tokyo", "paris"}
 
 
 def test_an_import_then_a_question_becomes_imports_first_then_the_user_turn():
-    pml = messages_to_pml("s", [Message("user", "<doc/> What does it say?")], import_names=NAMES)
+    pml = messages_to_pml("s", [ChatMessage("user", "<doc/> What does it say?")], import_names=NAMES)
     assert pml == '<prompt schema="s"><doc/><user>What does it say?</user></prompt>'
 
 
 def test_imports_of_every_message_are_hoisted_in_order_and_deduplicated():
-    messages = [Message("system", "Be brief."), Message("user", "<doc/> Summarise."),
-                Message("assistant", "Boats."), Message("user", 'Now <plan days="3 days"><tokyo/></plan> and <doc/>?')]
+    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "<doc/> Summarise."),
+                ChatMessage("assistant", "Boats."), ChatMessage("user", 'Now <plan days="3 days"><tokyo/></plan> and <doc/>?')]
     pml = messages_to_pml("s", messages, import_names=NAMES)
     assert pml == ('<prompt schema="s"><doc/><plan days="3 days"><tokyo/></plan>'
                    '<system>Be brief.</system><user>Summarise.</user><assistant>Boats.</assistant>'
@@ -32,26 +33,26 @@ def test_imports_of_every_message_are_hoisted_in_order_and_deduplicated():
 
 def test_text_that_is_not_an_import_reaches_the_prompt_exactly():
     text = 'if a < b && c > d: <b>bold</b> "quoted"\n  indented\r\nline &#10; <doc'
-    pml = messages_to_pml("s", [Message("user", text)], import_names=NAMES)
+    pml = messages_to_pml("s", [ChatMessage("user", text)], import_names=NAMES)
     (turn,) = parse_prompt(pml).turns
     assert turn.text == text.replace("\r\n", "\n")
 
 
 def test_a_message_of_only_imports_adds_no_turn_and_developer_is_system():
-    pml = messages_to_pml("s", [Message("developer", "Rules."), Message("user", " <doc/> ")], import_names=NAMES)
+    pml = messages_to_pml("s", [ChatMessage("developer", "Rules."), ChatMessage("user", " <doc/> ")], import_names=NAMES)
     assert pml == '<prompt schema="s"><doc/><system>Rules.</system></prompt>'
 
 
 def test_a_last_assistant_message_is_left_open_for_the_model_to_continue():
-    prompt = parse_prompt(messages_to_pml("s", [Message("user", "Hi"), Message("assistant", "Hello,")],
+    prompt = parse_prompt(messages_to_pml("s", [ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello,")],
                                           import_names=NAMES))
     assert prompt.ends_with_assistant()
 
 
 @pytest.mark.parametrize("messages, message", [
     ([], "messages is empty"),
-    ([Message("tool", "x")], "role 'tool'; supported roles: system, developer, user, assistant"),
-    ([Message("user", "<plan><tokyo/> Go")], "import <plan> is never closed"),
+    ([ChatMessage("tool", "x")], "role 'tool'; supported roles: system, developer, user, assistant"),
+    ([ChatMessage("user", "<plan><tokyo/> Go")], "import <plan> is never closed"),
 ])
 def test_bad_conversations_are_prompt_errors(messages, message):
     with pytest.raises(PromptError, match=message):

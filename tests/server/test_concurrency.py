@@ -49,20 +49,20 @@ def _wait_until(condition, what: str) -> None:
 
 def test_a_client_leaving_mid_stream_frees_its_stream(server, client, server_cache):
     _wait_until(lambda: _active_streams(client) == 0, "earlier tests' streams were not closed")
-    before = server_cache.scheduler.stats.tokens
+    before = server_cache.workbench.scheduler.stats.tokens
     with httpx.Client(base_url=server.base_url, timeout=WAIT_S) as leaving:
         with leaving.stream("POST", "/v1/completions",
                             json={"prompt": DOC_PROMPT, "max_tokens": 800, "stream": True}) as response:
             next(response.iter_lines())  # the first piece arrived: generation is under way
     _wait_until(lambda: _active_streams(client) == 0, "the stream its client left was not closed")
-    assert server_cache.scheduler.stats.tokens - before < 799  # closed before its 800 tokens were generated
+    assert server_cache.workbench.scheduler.stats.tokens - before < 799  # closed before its 800 tokens were generated
     answer = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 4}, timeout=WAIT_S)
     assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_client_leaving_a_non_streamed_request_frees_it(server, client, server_cache):
     _wait_until(lambda: _active_streams(client) == 0, "earlier tests' streams were not closed")
-    stats, before = server_cache.scheduler.stats, server_cache.scheduler.stats.tokens
+    stats, before = server_cache.workbench.scheduler.stats, server_cache.workbench.scheduler.stats.tokens
     body = json.dumps({"prompt": DOC_PROMPT, "max_tokens": 1500}).encode()
     # A raw socket, closed once the answer is being generated: a client timeout could fire before the request was sent.
     with socket.create_connection((server.host, server.port), timeout=WAIT_S) as sock:

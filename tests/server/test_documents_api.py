@@ -212,7 +212,7 @@ def test_recompute_with_documents_answers_as_ask_does_and_a_bad_one_is_a_400(htt
                              recompute="all")
     body = http.post("/v1/chat/completions", json=_chat(list(library), recompute="all")).json()
     assert body["choices"][0]["message"]["content"] == expected.text
-    assert body["usage"]["uncached_tokens"] == expected.uncached_tokens > len(doc_cache.document_tokens(TRAINS))
+    assert body["usage"]["uncached_tokens"] == expected.uncached_tokens > len(doc_cache.documents.tokens(TRAINS))
     error = _error(http.post("/v1/chat/completions", json=_chat(list(library), recompute="select:10%@module")), 400)
     assert "@module" in error["message"] and "head:K, tail:K" in error["message"]
 
@@ -284,7 +284,8 @@ def test_the_document_routes_need_the_api_key(doc_cache, library):
                                   ("POST", "/v1/chat/completions", _chat([boats]))]:
             refused = http.request(method, url, json=body)
             assert refused.status_code == 401 and refused.json()["error"]["type"] == "AuthenticationError"
-        assert doc_cache.library.get(document_id("Hello.")) is None and doc_cache.library.get(boats) is not None
+        held = doc_cache.documents.library
+        assert held.get(document_id("Hello.")) is None and held.get(boats) is not None
         auth = {"Authorization": f"Bearer {KEY}"}
         assert http.post("/v1/chat/completions", json=_chat([boats]), headers=auth).status_code == 200
         assert http.get("/v1/documents", headers=auth).status_code == 200
@@ -294,7 +295,7 @@ def test_a_document_over_the_body_limit_is_413(doc_cache):
     with ServerThread(doc_cache, max_body_bytes=2000) as server:
         refused = httpx.post(server.base_url + "/v1/documents", json={"text": "word " * 1000}, timeout=30)
     assert refused.status_code == 413 and "--max-body-bytes" in refused.json()["error"]["message"]
-    assert doc_cache.library.get(document_id("word " * 1000)) is None
+    assert doc_cache.documents.library.get(document_id("word " * 1000)) is None
 
 
 class FakeRequest:

@@ -89,11 +89,11 @@ def test_schemas_beyond_the_limit_are_refused_until_one_is_deleted(make_cache, c
         refused = http.post("/v1/schemas", json={"pml": other})
         assert refused.status_code == 409
         assert "--max-schemas" in refused.json()["error"]["message"] and "1 schemas" in refused.json()["error"]["message"]
-        assert cache.schema_names == ["s"]
+        assert cache.schemas.names == ["s"]
         assert http.post("/v1/schemas", json={"pml": DOC_SCHEMA}).status_code == 201  # same name: a replacement
         assert http.delete("/v1/schemas/s").status_code == 200
         assert http.post("/v1/schemas", json={"pml": other}).status_code == 201
-        assert cache.schema_names == ["other"]
+        assert cache.schemas.names == ["other"]
     logged = [r.getMessage() for r in caplog.records if r.name == "pc_cpu.server.app"]
     assert any(m.startswith("loaded schema 'other': 1 of 1 modules, 3 tokens in ") and " s (" in m for m in logged), logged
 

@@ -26,7 +26,7 @@ def test_chat_on_a_packaged_model_is_its_template_and_the_library_answer(name):
         full = cache.generate(pml, max_tokens=12, use_cache=False)
         # The model's own turn markup ends the prompt and opens the answer: its GGUF template's where it
         # has one (Gemma 3 270M, a base model, has none and gets plain "User:"/"Assistant:" turns).
-        markup, tokens = cache.markup, list(cache.plan(pml).tokens)
+        markup, tokens = cache.schemas.markup, list(cache.plan(pml).tokens)
         assert markup.from_template == (cache.model.chat_template() is not None)
         tail = markup.suffix["user"] + markup.generation_prompt
         if markup.from_template:  # control tokens have no text: compare tokens

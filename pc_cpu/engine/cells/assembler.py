@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pc_cpu.engine.cells.relocate import shift_live
 from pc_cpu.engine.llama.context import Context
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.plan import CopyCells, DecodeTokens, Plan
@@ -47,4 +48,4 @@ def decode_at(ctx: Context, seq: int, op: DecodeTokens, *, want_logits: bool) ->
         raise EngineError(f"plan goes backwards at {op.what}: position {op.start} but the sequence "
                           f"already reaches {next_free - 1}")
     ctx.decode(op.tokens, range(next_free, next_free + len(op.tokens)), seq, logits_last=want_logits)
-    ctx.seq_add(seq, next_free, next_free + len(op.tokens), op.start - next_free)
+    shift_live(ctx, seq, next_free, next_free + len(op.tokens), op.start - next_free)

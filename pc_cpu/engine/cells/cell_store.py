@@ -1,4 +1,4 @@
-"""Keeps computed cells in the byte tiers: blobs under a key, checked when they are read back.
+"""Keeps computed cells in the byte tiers: blobs under a key, checked when they are read back (pc_cpu.store.cells).
 
 Schema modules, documents (their preambles, encodings and exact prefixes) and conversations
 store their cells here: one way to save them, one way to find them, one way to drop an entry
@@ -11,8 +11,9 @@ import logging
 from typing import Sequence
 
 from pc_cpu.engine.llama.context import Context
-from pc_cpu.errors import StateBlobError
+from pc_cpu.errors import CorruptEntryError
 from pc_cpu.kvstate import ops, parts
+from pc_cpu.store.cells import Expected, check_cells
 from pc_cpu.result import Tier
 from pc_cpu.store.entry import Entry
 from pc_cpu.store.keys import StoreKey
@@ -39,13 +40,11 @@ class CellStore:
         hit = self.store.get(key)
         if hit is None:
             return None
+        n_cells = positions[1] - positions[0] if n_cells is None else n_cells
         try:
-            blobs = [bytes(blob) for blob in parts.unpack(hit.entry.payload)]
-            check_cells(blobs, positions, positions[1] - positions[0] if n_cells is None else n_cells,
-                        whole_windows=whole_windows)
-        except (StateBlobError, ValueError) as exc:
-            self.store.remove(key)
-            log.warning("stored %s is unusable (%s); computing it again", key.describe(), exc)
+            blobs = check_cells(hit.entry, Expected(positions, n_cells, whole_windows))
+        except CorruptEntryError as exc:
+            self.drop(key, str(exc))
             return None
         return blobs, Tier(hit.tier)  # the byte tier's name: PromptCache names them "ram" and "disk"
 
@@ -76,6 +75,14 @@ class CellStore:
         self.put_blobs(key, [blob], n_tokens, positions)
         return blob
 
+    def contains(self, key: StoreKey) -> bool:
+        """Returns whether a tier holds an entry under `key` (unchecked: `get` checks what it reads)."""
+        return self.store.contains(key)
+
+    def remove(self, key: StoreKey) -> None:
+        """Removes `key`'s entry from every tier (cells another entry now holds)."""
+        self.store.remove(key)
+
     def drop(self, key: StoreKey, why: str) -> None:
         """Removes a stored entry that cannot serve, saying why it goes."""
         self.store.remove(key)
@@ -86,20 +93,3 @@ class CellStore:
         self.prompts.seq_rm(seq)
         self.prompts.state_set(seq, ops.restore_blob([blob], self.prompts.n_stream))
 
-
-def check_cells(blobs: Sequence, positions: tuple[int, int], n_cells: int, *, whole_windows: bool = False) -> None:
-    """Raises StateBlobError (code "corrupt") unless `blobs` hold `n_cells` cells spanning exactly `positions`.
-
-    Malformed bytes are refused here (ops.scan), before llama.cpp sees them. `whole_windows`: as
-    for CellStore.get_blobs.
-    """
-    if not blobs:
-        raise StateBlobError("it holds no blob", code="corrupt")
-    infos = [ops.scan(blob) for blob in blobs]
-    for blob, info in zip(blobs, infos):
-        if whole_windows and info.n_section > 1 and len(set(ops.section_cells(blob))) > 1:
-            raise StateBlobError("it lacks sliding-window cells (saved whole by an older pc_cpu)", code="corrupt")
-    found = (sum(i.n_cell for i in infos), min(i.pos_min for i in infos), max(i.pos_max for i in infos) + 1)
-    if found != (n_cells, *positions):
-        raise StateBlobError(f"it holds {found[0]} cells at [{found[1]}, {found[2]}), where {n_cells} at "
-                             f"[{positions[0]}, {positions[1]}) are needed", code="corrupt")

@@ -19,7 +19,7 @@ from typing import Callable
 from dataclasses import dataclass
 
 from pc_cpu.engine.llama.context import Context
-from pc_cpu.engine.cells.relocate import apply_pending_shifts, move
+from pc_cpu.engine.cells.relocate import apply_pending_shifts, move, shift_live
 from pc_cpu.engine.llama.sequences import SequenceRoles
 from pc_cpu.errors import EngineError
 from pc_cpu.pml.encoding import home_segments, segments_of
@@ -171,7 +171,7 @@ class Encoder:
             # Last run first: each moves forward onto positions no run still to move occupies.
             for run, computed in reversed(list(zip(segment.runs, segment.computed_starts()))):
                 if run.start != computed:
-                    ctx.seq_add(scratch, computed, computed + len(run.tokens), run.start - computed)
+                    shift_live(ctx, scratch, computed, computed + len(run.tokens), run.start - computed)
                     moved = True
             for run in segment.runs:
                 ctx.seq_cp(scratch, library, run.start, run.end)

@@ -8,8 +8,11 @@ Two ways, measured against each other by `pc-cpu bench documents relocation` (be
   the fallback for RoPEs the relocator does not know, and for sliding-window
   architectures whose second RoPE base was not checked (pc_cpu.engine.llama.model.cache_ropes).
 
-`move` chooses between them; every path that moves saved cells calls it. Cells still being
-computed in a sequence (a scaffold's runs, a parameter after a gap) move there with seq_add.
+Every move of cells goes through this module: `move` (one saved blob) and `move_together`
+(several, joined into one restore blob: the hot path of a question over documents) choose
+between the two ways; `cut` takes a blob's cells at some positions; `shift_live` moves cells
+still being computed in a sequence (a scaffold's runs, a parameter after a gap), with seq_add,
+whose K-shift the next llama_decode applies.
 """
 
 from __future__ import annotations
@@ -39,8 +42,7 @@ def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int, ou
     if rope is not None:
         if out is None:
             return ops.relocate(blob, delta, rope)
-        size = ops.assemble_into([blob], [delta], rope, 1, out)  # before the view: it may grow `out`
-        return memoryview(out)[:size]
+        return move_together(ctx, [blob], [delta], rope, 1, out, seq=seq, empty=empty)
     info = ops.scan(blob)
     try:
         ctx.state_set(seq, ops.restream(blob, ctx.n_stream))
@@ -49,6 +51,42 @@ def move(ctx: Context, blob, delta: int, rope: Rope, *, seq: int, empty: int, ou
         return ops.with_sequence(ops.restream(ctx.state_get(seq), 1), info.seq_id)
     finally:
         ctx.seq_rm(seq)
+
+
+def move_together(ctx: Context, blobs, deltas, rope: Rope, n_stream: int, out: bytearray, *, seq: int, empty: int):
+    """Returns one restore blob for `n_stream` streams of every blob's cells moved by its delta, joined in position order.
+
+    With the relocator: one pass of the C library (pc_state_assemble) into `out`, a buffer
+    reused across prompts (mapping ~10-100 MB of new pages cost more than the copy); the view
+    returned is released before the next use. Else each blob is moved by llama.cpp (`move`).
+    """
+    if rope is None:
+        if seq == empty:
+            raise ValueError(f"move_together: llama.cpp moves cells in stream {seq} and needs another free one")
+        return ops.restore_blob([move(ctx, blob, delta, rope, seq=seq, empty=empty)
+                                 for blob, delta in zip(blobs, deltas)], n_stream)
+    size = ops.assemble_into(blobs, deltas, rope, n_stream, out)  # before the view: it may grow `out`
+    return memoryview(out)[:size]
+
+
+def cut(ctx: Context, blob, lo: int, hi: int, *, seq: int) -> bytearray:
+    """Returns a one-stream blob of `blob`'s cells at positions [lo, hi), cut by llama.cpp in the free stream `seq`."""
+    try:
+        ctx.state_set(seq, ops.restream(blob, ctx.n_stream))
+        ctx.seq_rm(seq, 0, lo)
+        ctx.seq_rm(seq, hi, -1)
+        return ops.restream(ctx.state_get(seq), 1)
+    finally:
+        ctx.seq_rm(seq)
+
+
+def shift_live(ctx: Context, seq: int, start: int, end: int, delta: int) -> None:
+    """Moves the cells sequence `seq` holds at [start, end) by `delta` positions, in place (llama.cpp's seq_add).
+
+    For cells still being computed there; K is re-rotated at the next llama_decode
+    (apply_pending_shifts, where nothing else will decode first).
+    """
+    ctx.seq_add(seq, start, end, delta)
 
 
 def copy_moved(ctx: Context, roles: SequenceRoles, source: int, start: int, end: int, delta: int, dest: int,

@@ -40,11 +40,12 @@ from typing import Callable, Sequence
 
 from pc_cpu.engine.cells.cell_store import CellStore
 from pc_cpu.engine.prompts.document_prompt import DocumentWork
-from pc_cpu.engine.prompts.document_cells import DocumentEncoder, SavedCells
+from pc_cpu.engine.cells import relocate
+from pc_cpu.engine.cells.relocate import Rope
 from pc_cpu.engine.runtime.prompt_work import Answer, Counts, Head, IdleTask
 from pc_cpu.kvstate import ops
-from pc_cpu.pml.chat import (CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, content_digest,
-                             moved_runs, prefix_digests)
+from pc_cpu.pml.content_keys import answer_digest, prefix_digests
+from pc_cpu.pml.chat import CHAT_MODE, MIN_MOVED_TOKENS, ChatPrompt, MovedRun, common_prefix, moved_runs
 from pc_cpu.result import Tier
 from pc_cpu.store.keys import StoreKey
 
@@ -54,7 +55,7 @@ CONVERSATION = "#conversation"  # the key of a conversation's history in a Resul
 # the same; a person reading the answer leaves far more time than this.
 REPAIR_DELAY_S = 0.25
 _HEAD = "chat"  # the first field of a conversation's Head: (_HEAD, how, tokens, exact_until)
-ASSEMBLED = "documents"  # `how` of cells whose documents were encoded apart and moved (pml.chat.prefix_digests)
+ASSEMBLED = "documents"  # `how` of cells whose documents were encoded apart and moved (pml.content_keys.prefix_digests)
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ class TipIndex:
 
     def __init__(self):
         self._tips: OrderedDict[StoreKey, tuple[Tip, tuple[str, ...]]] = OrderedDict()  # oldest first
-        self._prefixes: dict[str, Tip] = {}  # digest of a prefix (pml.chat.prefix_digests) -> the tip holding it
-        self._answers: dict[str, Tip] = {}  # digest of an answer's tokens (pml.chat.content_digest) -> likewise
+        self._prefixes: dict[str, Tip] = {}  # digest of a prefix (pml.content_keys.prefix_digests) -> the tip holding it
+        self._answers: dict[str, Tip] = {}  # digest of an answer's tokens (pml.content_keys.answer_digest) -> likewise
 
     def add(self, tip: Tip, prefixes: tuple[str, ...], answers: tuple[str, ...]) -> None:
         self._tips.pop(tip.key, None)
@@ -123,18 +124,20 @@ class ConversationCells:
     restores the turns before the edit; a new process finds a conversation by its latest tip.
     """
 
-    def __init__(self, cells: CellStore, model_id: str, *, can_cut: bool, mover: DocumentEncoder | None = None):
+    def __init__(self, cells: CellStore, model_id: str, *, can_cut: bool, ropes: Rope = None,
+                 workspace: int | None = None):
         self.cells = cells
         self.model_id = model_id
         self.can_cut = can_cut  # False on sliding-window models: a stream cut short misses window cells
-        self.mover = mover  # moves cut cells (after_edit="reuse"), as documents are moved; None: never moved
+        self.ropes = ropes  # to move cut cells (after_edit="reuse") by the relocator; None: by llama.cpp
+        self.workspace = workspace  # the free stream llama.cpp moves cells in; None: cells are never moved
         self.tips = TipIndex()
 
     @property
     def can_move(self) -> bool:
         """Returns whether cells cut from a stream can be moved to other positions (after_edit="reuse")."""
-        mover = self.mover
-        return self.can_cut and mover is not None and (mover.ropes is not None or mover.prompts.can_shift)
+        prompts = self.cells.prompts
+        return self.can_cut and self.workspace is not None and (self.ropes is not None or prompts.can_shift)
 
     def key(self, digest: str, n_tokens: int) -> StoreKey:
         return StoreKey(self.model_id, digest, CHAT_MODE, label=f"conversation ({n_tokens} tokens)")
@@ -158,7 +161,7 @@ class ConversationCells:
         if not self.can_move or prompt.documents is not None:
             return None
         for lo, hi in reversed(prompt.answers):
-            tip = self.tips.holding_answer(content_digest(prompt.tokens[lo:hi]))
+            tip = self.tips.holding_answer(answer_digest(prompt.tokens[lo:hi]))
             stored = None if tip is None else self.cells.get(tip.key, (0, tip.end))
             if stored is not None:
                 keep = prompt.cut_at_or_before(common_prefix(tip.tokens, prompt.tokens, prompt.end - 1))
@@ -186,12 +189,12 @@ class ConversationCells:
         tip = self.key(digests[end], end)
         self.cells.put(tip, slot, end, (0, end))
         answers = () if prompt.documents is not None else tuple(  # found by answers: conversations without documents
-            content_digest(prompt.tokens[lo:hi]) for lo, hi in prompt.answers if hi <= end)
+            answer_digest(prompt.tokens[lo:hi]) for lo, hi in prompt.answers if hi <= end)
         self.tips.add(Tip(tip, end, array("i", prompt.tokens[:end])), tuple(digests.values()), answers)
         for cut in cuts:
             older = self.key(digests[cut], cut)
-            if self.can_cut and self.cells.store.contains(older):
-                self.cells.store.remove(older)
+            if self.can_cut and self.cells.contains(older):
+                self.cells.remove(older)
 
     def moved_cells(self, slot: int, runs: tuple[MovedRun, ...], keep: int) -> list:
         """Returns each run's cells, cut from stream `slot` and moved to its new positions; `slot` then holds its first `keep`.
@@ -199,14 +202,14 @@ class ConversationCells:
         One-stream blobs, in the order of `runs`. `slot` serves as the free stream that cutting
         and moving need while its cells are out.
         """
-        prompts, mover = self.cells.prompts, self.mover
+        prompts = self.cells.prompts
         if not runs:
             prompts.seq_rm(slot, keep, -1)
             return []
         whole = ops.restream(prompts.state_get(slot), 1)
         prompts.seq_rm(slot)
-        moved = [mover.move(SavedCells(mover.cut(whole, run.old_start, run.old_end, slot), run.delta), slot)
-                 for run in runs]
+        moved = [relocate.move(prompts, relocate.cut(prompts, whole, run.old_start, run.old_end, seq=slot), run.delta,
+                               self.ropes, seq=self.workspace, empty=slot) for run in runs]
         self.cells.restore(whole, slot)
         prompts.seq_rm(slot, keep, -1)
         return moved

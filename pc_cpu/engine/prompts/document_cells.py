@@ -33,11 +33,11 @@ from pc_cpu.engine.cells.cell_store import CellStore
 from pc_cpu.engine.llama.context import Context
 from pc_cpu.engine.cells.encoder import OnComputed, Workspace
 from pc_cpu.engine.recompute.probe import Probe
-from pc_cpu.engine.cells.relocate import move
+from pc_cpu.engine.cells.relocate import cut, move, move_together
 from pc_cpu.engine.recompute.recompute_pass import LibraryRoom, recompute_in_library
 from pc_cpu.errors import DocumentError, PromptCacheError, StateBlobError
-from pc_cpu.pml.document_layout import (DOCUMENT_MODE, DocumentPrompt, document_content, document_segment,
-                                        prefix_content, preamble_content, with_runs)
+from pc_cpu.pml.content_keys import DOCUMENT_MODE, document_content, prefix_content, preamble_content
+from pc_cpu.pml.document_layout import DocumentPrompt, document_segment, with_runs
 from pc_cpu.pml.segment import Segment
 from pc_cpu.result import PREAMBLE, Tier
 from pc_cpu.kvstate import ops
@@ -212,16 +212,17 @@ class DocumentEncoder:
 
         One pass of the C library (pc_state_assemble): each piece is copied once, its K turned on
         the way. A buffer kept across prompts, not a fresh one: mapping ~10-100 MB of new pages
-        cost more than the copy (bench/RESULTS.md, "RAG workload").
+        cost more than the copy (bench/RESULTS.md, "Moving saved cells into a prompt").
         """
         blobs, deltas = [p.blob for p in pieces], [p.delta for p in pieces]
         n_stream = n_stream or self.prompts.n_stream  # the library context's is 1 (_recompute_in_library)
         try:
-            n = ops.assemble_into(blobs, deltas, self.ropes, n_stream, self._buffer)
+            return move_together(self.prompts, blobs, deltas, self.ropes, n_stream, self._buffer, seq=self.workspace,
+                                 empty=self.workspace)
         except BufferError:  # a view of the last prompt's bytes outlived it (a traceback holds one): start afresh
             self._buffer = bytearray()
-            n = ops.assemble_into(blobs, deltas, self.ropes, n_stream, self._buffer)
-        return memoryview(self._buffer)[:n]
+            return move_together(self.prompts, blobs, deltas, self.ropes, n_stream, self._buffer, seq=self.workspace,
+                                 empty=self.workspace)
 
     def _select(self, prompt: DocumentPrompt, pieces: list[SavedCells], empty: int) -> tuple[int, ...]:
         """Returns the positions of the prompt's `selected_tokens` moved-document cells that deviate most, sorted.
@@ -318,13 +319,7 @@ class DocumentEncoder:
 
     def cut(self, blob, lo: int, hi: int, empty: int) -> bytearray:
         """Returns the cells of `blob` at positions [lo, hi), cut by llama.cpp in the free stream `empty`."""
-        try:
-            self.prompts.state_set(empty, ops.restream(blob, self.prompts.n_stream))
-            self.prompts.seq_rm(empty, 0, lo)
-            self.prompts.seq_rm(empty, hi, -1)
-            return ops.restream(self.prompts.state_get(empty), 1)
-        finally:
-            self.prompts.seq_rm(empty)
+        return cut(self.prompts, blob, lo, hi, seq=empty)
 
     def move(self, piece: SavedCells, empty: int) -> bytes | bytearray:
         """Returns the piece's cells moved into place: by the relocator, else by llama.cpp (`empty`: a free stream)."""

@@ -120,7 +120,7 @@ class DocumentWork:
         """
         if not self.use_cache or self.prefix == "off":
             return False
-        return self.prefix == "first" or self._recomputes_all or self.encoder.store.contains(self._prefix_key)
+        return self.prefix == "first" or self._recomputes_all or self.encoder.cells.contains(self._prefix_key)
 
     @property
     def _recomputes_all(self) -> bool:
@@ -162,7 +162,7 @@ class DocumentWork:
     def prefill_tail(self, slot: int, held: Head) -> int:
         prompts, prompt = self.encoder.prompts, self.prompt
         prompts.seq_rm(slot, prompt.tail_start, -1)
-        if self._exact == HELD and not self.encoder.store.contains(self._prefix_key):
+        if self._exact == HELD and not self.encoder.cells.contains(self._prefix_key):
             # A slot kept the exact prefix that the tiers lost (evicted, or its documents removed and
             # added again): stored again, so that a later "background" question, which looks for it
             # there, finds it.

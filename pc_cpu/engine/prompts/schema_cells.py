@@ -142,7 +142,7 @@ class ModuleCache:
         store_key = self.key_of(layout, key)
         segments = home_segments(layout, key, self.mode)
         # Existence only: `ensure` reads and checks the entry when it restores it (a damaged one is then computed).
-        if any(segment.after is not None for segment in segments) or self.store.contains(store_key):
+        if any(segment.after is not None for segment in segments) or self.cells.contains(store_key):
             return False
         runs, shift = encoding_runs(layout, key, self.mode), self.shift_of(layout, key)
         blobs = [blob for segment in segments for blob in workspace.compute(segment, self.ctx.n_stream, on_computed)]
@@ -214,7 +214,7 @@ class ModuleCache:
         chain: list[str] = []
         while neighbour is not None and not self.resident.contains(self.resident_key_of(layout, neighbour)):
             chain.append(neighbour)
-            if self.store is not None and self.store.contains(self.key_of(layout, neighbour)):
+            if self.cells is not None and self.cells.contains(self.key_of(layout, neighbour)):
                 break  # existence only: _ensure_one reads it (a damaged file then walks on from there)
             neighbour = encoded_after(layout, neighbour, self.mode)
         needed |= {self.resident_key_of(layout, name) for name in chain}
