@@ -18,7 +18,8 @@ import openai.types.chat.completion_create_params as chat_params
 import openai.types.completion_create_params as completion_params
 import pytest
 
-from pc_cpu.server.chat import Message, messages_to_pml
+from pc_cpu.pml.chat import ChatMessage
+from pc_cpu.server.chat import messages_to_pml
 from pc_cpu.server.http_errors import MAX_PROBLEMS, validation_message
 from pc_cpu.server.openai_api import IGNORED, UNSUPPORTED, ChatRequest, CompletionRequest
 from tests.server.conftest import DOC_PROMPT
@@ -120,7 +121,7 @@ def test_a_validation_message_shows_the_first_problems_and_counts_the_rest():
 
 
 def test_an_import_repeated_in_one_message_is_imported_once():
-    pml = messages_to_pml("c", [Message("user", "<doc/> Compare <doc/> with <doc/>.")], import_names={"doc"})
+    pml = messages_to_pml("c", [ChatMessage("user", "<doc/> Compare <doc/> with <doc/>.")], import_names={"doc"})
     assert pml == '<prompt schema="c"><doc/><user>Compare  with .</user></prompt>'
 
 
