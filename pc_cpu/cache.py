@@ -230,7 +230,7 @@ class PromptCache:
         """
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream")
-        sampling = options.sampling()
+        sampling = options.sampling(self.model)
         with self._lock:
             plan = self._plan_of(prompt, options.recompute)
             layout = self.schemas.layout(plan.schema)
@@ -344,7 +344,7 @@ class PromptCache:
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `ask`."""
         t0 = time.perf_counter()
         options = GenerationOptions.of(options, overrides, method="stream_ask")
-        sampling = options.sampling()
+        sampling = options.sampling(self.model)
         work = self.documents.question(question, documents, system=system, order=order, setting=setting,
                                        recompute=options.recompute, prefix=prefix, encoding=encoding,
                                        use_cache=options.use_cache)
@@ -395,7 +395,7 @@ class PromptCache:
         if options.recompute is not None:
             raise PromptCacheError(f"recompute={options.recompute!r} is for schema prompts and documents; a "
                                    "conversation reuses its earlier turns as they were computed: leave it out")
-        sampling = options.sampling()
+        sampling = options.sampling(self.model)
         work = self.conversations.work(messages, documents=documents, after_edit=after_edit,
                                        use_cache=options.use_cache)
         return self._submit(work, sampling, options, t0)

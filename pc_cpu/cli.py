@@ -99,6 +99,9 @@ class ByteSize(click.ParamType):
 no_store_option = click.option("--no-store", is_flag=True,
                                help="Keep encoded modules in RAM only (nothing written to disk).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the Result as one JSON object.")
+json_schema_option = click.option("--json-schema", "json_schema", default=None, metavar="FILE",
+                                  help="A JSON schema (a .json file): the answer is JSON it admits, held to it by a "
+                                       "grammar as it is sampled. A cut at --max-tokens leaves it unfinished.")
 
 
 def generation_options(command):
@@ -204,6 +207,7 @@ def _report(result, as_json: bool, what: str) -> None:
               help="What each file after the first is encoded after besides the system message: library (the "
                    "files added before it, as a file in a list) or preamble (the system message alone); default: "
                    "the one measured best on this model.")
+@json_schema_option
 @ctx_option
 @threads_option
 @flash_attn_option
@@ -212,7 +216,7 @@ def _report(result, as_json: bool, what: str) -> None:
 @json_option
 @verbose_option
 def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, order,
-        setting, prefix, encoding, n_ctx, threads, flash_attn, store_dir, no_store, as_json, verbose):
+        setting, prefix, encoding, json_schema, n_ctx, threads, flash_attn, store_dir, no_store, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -226,6 +230,7 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
     check_question(question)  # these three before the model loads: a mistake fails fast
     files = [(path, _read_document(path)) for path in docs]
     check_document_policy(parse_policy(recompute))
+    response_format = _response_format(json_schema)
     if setting is not None and (recompute is not None or order is not None):
         raise PromptCacheError(f"--setting {setting} chooses the recompute policy and order itself; give --setting "
                                "or --recompute/--order, not both")
@@ -239,7 +244,7 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
         stream = pc.stream_ask(question, documents=ids, system=system, max_tokens=max_tokens,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                                use_cache=not no_cache, recompute=recompute, order=order, setting=setting,
-                               prefix=prefix, encoding=encoding)
+                               prefix=prefix, encoding=encoding, response_format=response_format)
         if not no_cache and setting is None and recompute is None and prefix != "first" and \
                 (hint := advice(pc.model.path.name)):  # "first": the answer is the full prefill's
             click.echo(f"note: {hint}; --setting accurate chooses it, --no-cache is the full prefill", err=True)
@@ -252,6 +257,28 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
         tiers = {key: served.get(key, tier) for key, tier in result.tiers.items()}
         _report(dataclasses.replace(result, tiers=tiers), as_json, "encodings")
         pc.wait_idle()  # "background": the exact prefix, stored for the next run over these files, once answered
+
+
+def _response_format(path: str | None) -> dict | None:
+    """Returns the response_format of a --json-schema file (checked: it can constrain an answer), or None without one."""
+    if path is None:
+        return None
+    from pc_cpu.engine.llama.grammar import response_grammar  # loads llama.cpp: not for --help
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptCacheError(f"--json-schema {path}: cannot read it ({exc}); give a UTF-8 JSON file") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptCacheError(f"--json-schema {path}: not JSON ({exc}); give a JSON schema") from None
+    response_format = {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": schema}}
+    try:
+        response_grammar(response_format)
+    except PromptCacheError as exc:
+        raise PromptCacheError(f"--json-schema {path}: {exc}") from None
+    return response_format
 
 
 def _read_document(value: str) -> str:
@@ -321,14 +348,15 @@ def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
 @click.option("--system", default=None, help="A system message.")
 @model_option
 @generation_options
+@json_schema_option
 @ctx_option
 @threads_option
 @flash_attn_option
 @store_option
 @no_store_option
 @verbose_option
-def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, n_ctx, threads, flash_attn,
-         store_dir, no_store, verbose):
+def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, json_schema, n_ctx, threads,
+         flash_attn, store_dir, no_store, verbose):
     """Talk with the model: each line read is a message, each answer streams back; the history is kept.
 
     Each turn reuses the cells of the turns before it, so it computes only the new message:
@@ -339,6 +367,7 @@ def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop,
     Example: pc-cpu chat --model qwen2.5-coder-0.5b --doc notes.md
     """
     files = [(path, _read_document(path)) for path in docs]  # before the model loads: a mistake fails fast
+    response_format = _response_format(json_schema)
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir,
                      flash_attn=flash_attn) as pc:
         ids = None
@@ -347,7 +376,7 @@ def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop,
             ids, _ = _add_documents(pc, files, system)
         messages = [{"role": "system", "content": system}] if system else []
         options = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                       stop=stop, use_cache=not no_cache)
+                       stop=stop, use_cache=not no_cache, response_format=response_format)
         interactive = sys.stdin.isatty()
         while (line := _read_message(interactive)) is not None:
             if not line.strip():

@@ -95,6 +95,7 @@ class PromptCacheModel(llm.Model):
     """A packaged model of pc_cpu (pc_cpu.models), answered through a PromptCache."""
 
     can_stream = True
+    supports_schema = True  # `llm --schema`: the answer is held to the schema by a grammar (response_format)
 
     class Options(llm.Options):
         max_tokens: int = Field(256, ge=1, description="Most tokens to generate")
@@ -117,6 +118,8 @@ class PromptCacheModel(llm.Model):
         options = prompt.options
         generation = {key: getattr(options, key) for key in ("max_tokens", "temperature", "top_k", "top_p", "seed")
                       if getattr(options, key) is not None}
+        if prompt.schema:  # llm gives the schema as a dict (it turns its concise forms into one first)
+            generation["response_format"] = {"type": "json_schema", "json_schema": {"name": "llm", "schema": prompt.schema}}
         # prompt.messages is the whole conversation llm sends: `llm -c` loads earlier turns into it,
         # not into conversation.responses.
         messages = _messages(prompt)

@@ -58,6 +58,9 @@ class Result:
     # Where each encoding the prompt used came from (a Tier: "context", "ram", "disk" or "encoded").
     # Keys are modules, "#root", or "scaffold:<name>"; for documents their ids and "#preamble".
     tiers: dict[str, Tier] = field(default_factory=dict)
+    # With logprobs asked for: one dict per generated token, {"token_id", "bytes", "logprob", "top": [{"token_id",
+    # "bytes", "logprob"}, ...]}, the model's own distribution (before a grammar, penalties or biases). Else None.
+    logprobs: list[dict] | None = None
 
     @property
     def prompt_tokens(self) -> int:

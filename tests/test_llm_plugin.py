@@ -165,6 +165,12 @@ def test_max_tokens_bounds_the_answer_without_streaming(model):
     assert response.response_json["finish_reason"] == "length"
 
 
+def test_a_schema_holds_the_answer_to_json_it_admits(model):
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"]}
+    answer = model.prompt("What colour is the sky? Answer in JSON.", schema=schema, max_tokens=32).text()
+    assert json.loads(answer) in ({"colour": "red"}, {"colour": "green"}, {"colour": "blue"})
+
+
 def test_invalid_options_are_refused_with_the_option_named(model):
     with pytest.raises(pydantic.ValidationError, match="temperature"):  # before anything runs
         model.prompt("Hi", temperature=-1)

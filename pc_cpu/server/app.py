@@ -209,7 +209,9 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
         feed = feeds.open(lambda: cache.stream(prompt, options))
         return await _answer(feed, request, body.stream,
                              whole=lambda result: api.completion_json(id_, model_name, result),
-                             chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result))
+                             chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result),
+                             usage=(lambda result: api.usage_chunk(id_, model_name, result, chat=False))
+                             if body.include_usage() else None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatRequest, request: Request):
@@ -240,11 +242,13 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
 
         return await _answer(feed, request, body.stream,
                              whole=lambda result: api.chat_json(id_, model_name, result), chunk=chunk,
-                             first=api.chat_chunk(id_, model_name, {"role": "assistant", "content": ""}))
+                             first=api.chat_chunk(id_, model_name, {"role": "assistant", "content": ""}),
+                             usage=(lambda result: api.usage_chunk(id_, model_name, result, chat=True))
+                             if body.include_usage() else None)
 
 
 async def _answer(feed: Feed, request: Request, stream: bool, *,
-                  whole: Callable, chunk: Callable, first: dict | None = None):
+                  whole: Callable, chunk: Callable, first: dict | None = None, usage: Callable | None = None):
     """Returns the JSON answer, or the SSE response once the first piece exists.
 
     Waiting for the first piece before answering lets an error in the prompt (bad PML, overflow)
@@ -264,13 +268,17 @@ async def _answer(feed: Feed, request: Request, stream: bool, *,
         raise event.error  # the worker has closed the stream already
     if not stream:
         return whole(event.result)
-    events = _sse(feed, request, event, chunk, first)
+    events = _sse(feed, request, event, chunk, first, usage)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                              background=BackgroundTask(feed.cancel))
 
 
-async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict | None) -> AsyncIterator[str]:
-    """Yields `data: {chunk}` events from `event` on, then `data: [DONE]`; closes the feed however it ends."""
+async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict | None,
+               usage: Callable | None = None) -> AsyncIterator[str]:
+    """Yields `data: {chunk}` events from `event` on, then `data: [DONE]`; closes the feed however it ends.
+
+    `usage`: the usage-only chunk's maker, sent after the last one when the client asked (include_usage).
+    """
     try:
         if first is not None:
             yield _data(first)
@@ -279,6 +287,8 @@ async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict
             event = await _next_event(feed, request)
         if isinstance(event, Done):
             yield _data(chunk("", event.result))
+            if usage is not None:
+                yield _data(usage(event.result))
         elif isinstance(event, Failed):
             yield _data(http_error(event.error, _where(request)).json())
         else:

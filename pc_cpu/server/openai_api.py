@@ -18,7 +18,10 @@ Differences from OpenAI, on purpose:
   "first", "off": when the exact prefix is computed, see PromptCache.ask), and in answers `usage.cached_tokens`, `usage.uncached_tokens`, `usage.ttft_ms`, `usage.total_ms`
   and `tiers` (where each module's cells came from). `usage.prompt_tokens_details.cached_tokens`
   is OpenAI's own field for the cached count.
-- OpenAI fields this server does not implement (tools, n > 1, logprobs, response_format, ...) are
+- `response_format` (json_object, json_schema) holds the answer to JSON by a grammar; `frequency_penalty`,
+  `presence_penalty`, `logit_bias`, and llama.cpp's `repeat_penalty` and `min_p` are the sampler's; chat's
+  `logprobs`/`top_logprobs` come with whole answers (not yet streamed, nor on /v1/completions).
+- OpenAI fields this server does not implement (tools, n > 1, logprobs, ...) are
   refused with a 422 naming them, unless they ask for what it does anyway (n=1, logprobs=false,
   null): UNSUPPORTED lists them. IGNORED lists the few accepted and ignored on purpose (`model`:
   one model per server; `user`, `metadata`, ...: bookkeeping that does not change the answer).
@@ -106,15 +109,6 @@ UNSUPPORTED = (
     Unsupported("functions", "this server does not call functions; leave it out (or send [])", ([],)),
     Unsupported("function_call", "this server does not call functions; leave it out (or send \"none\")",
                 ("none", "auto")),
-    Unsupported("logprobs", "this server does not return log probabilities yet; leave it out (or send false)",
-                (False,)),
-    Unsupported("top_logprobs", "this server does not return log probabilities yet; leave it out (or send 0)", (0,)),
-    Unsupported("logit_bias", "this server's sampler takes no token biases; leave it out (or send {})", ({},)),
-    Unsupported("presence_penalty", "this server's sampler has no presence penalty; leave it out (or send 0)", (0,)),
-    Unsupported("frequency_penalty", "this server's sampler has no frequency penalty; leave it out (or send 0)",
-                (0,)),
-    Unsupported("response_format", "this server answers in free text only; leave it out (or send "
-                                   "{\"type\": \"text\"})", ({"type": "text"},)),
     Unsupported("echo", "this server does not echo the prompt; leave it out (or send false)", (False,)),
     Unsupported("suffix", "this server does not insert text before a suffix; leave it out", ("",)),
     Unsupported("modalities", "this server answers in text only; leave it out (or send [\"text\"])", (["text"],)),
@@ -129,7 +123,6 @@ IGNORED = (
     "model",  # one model per server
     "user", "metadata", "store", "service_tier", "safety_identifier",  # the client's bookkeeping
     "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",  # this server caches by its own rules
-    "stream_options",  # the last streamed chunk carries the usage anyway
     "parallel_tool_calls",  # without tools (refused above) there is nothing to call in parallel
     "prediction",  # a latency hint: the answer is the same without it
 )
@@ -179,6 +172,21 @@ class SamplingRequest(RequestBody):
     stream: bool = False
     use_cache: bool = True
     recompute: Optional[str] = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0  # llama.cpp's server's name; 1 is off
+    min_p: float = 0.0  # likewise; 0 is off
+    # {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}: the answer held to it by a
+    # grammar; a schema the converter refuses is a 400 from PromptCache (pc_cpu.engine.llama.grammar).
+    response_format: Optional[dict] = None
+    logit_bias: Optional[dict[str, float]] = None  # {token id: bias}, as OpenAI sends it
+    # {"include_usage": true}: a last chunk with no choices and the usage, as OpenAI sends it (the
+    # chunk with finish_reason carries the usage too, always)
+    stream_options: Optional[dict] = None
+
+    def include_usage(self) -> bool:
+        """Returns whether a stream ends with OpenAI's usage-only chunk."""
+        return bool(self.stream and (self.stream_options or {}).get("include_usage"))
 
     @model_validator(mode="before")
     @classmethod
@@ -192,8 +200,9 @@ class SamplingRequest(RequestBody):
     def _sampling_in_range(self) -> "SamplingRequest":
         # The library's ranges, checked while the body is validated: a 422 like any other bad field.
         try:
-            SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                           seed=self.seed or 0).validate()
+            SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed or 0,
+                           min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                           frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty).validate()
         except PromptCacheError as exc:
             raise ValueError(str(exc)) from None
         return self
@@ -202,11 +211,24 @@ class SamplingRequest(RequestBody):
         """Returns the generation options of this request (pc_cpu.options)."""
         return GenerationOptions(max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS, temperature=self.temperature,
                                  top_k=self.top_k, top_p=self.top_p, seed=self.seed or 0, stop=self.stop or (),
-                                 use_cache=self.use_cache, recompute=self.recompute)
+                                 use_cache=self.use_cache, recompute=self.recompute, min_p=self.min_p,
+                                 repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
+                                 presence_penalty=self.presence_penalty, response_format=self.response_format,
+                                 logit_bias=self.logit_bias)
 
 
 class CompletionRequest(SamplingRequest):
     prompt: Union[str, list[str]]
+    logprobs: Optional[int] = None  # the legacy shape, where 0 asks too: not returned here yet (chat's is)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_logprobs_yet(cls, data):
+        if isinstance(data, dict) and not (data.get("logprobs") is None or data.get("logprobs") is False):
+            raise ValueError(f"logprobs={_shown(data['logprobs'])}: /v1/completions does not return log "
+                             "probabilities yet; leave it out (or send false), or ask /v1/chat/completions with "
+                             "logprobs=true")
+        return data
 
     def prompt_pml(self) -> str:
         if isinstance(self.prompt, str):
@@ -252,8 +274,19 @@ class ChatRequest(SamplingRequest):
     prefix: Optional[str] = None  # with documents: "background" (None), "first" or "off" (pc_cpu.pml.document_layout)
     encoding: Optional[str] = None  # with documents: "library" or "preamble" (PromptCache.ask); None: the model's
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False  # each answer token's log probability, in choices[0].logprobs.content
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)  # with logprobs: the likeliest others at each token
     # a conversation: "recompute" or "reuse" the turns after an edited message (PromptCache.chat)
     after_edit: str = "recompute"
+
+    @model_validator(mode="after")
+    def _logprobs_whole(self) -> "ChatRequest":
+        if self.logprobs and self.stream:
+            raise ValueError("logprobs=true with stream=true: log probabilities come with whole answers only, so "
+                             "far; leave out stream (or logprobs)")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=true, as OpenAI's API has it")
+        return self
 
     @model_validator(mode="after")
     def _schema_or_documents(self) -> "ChatRequest":
@@ -290,6 +323,8 @@ class ChatRequest(SamplingRequest):
         options = super().options()
         if self.max_tokens is None and self.max_completion_tokens is not None:
             options = dataclasses.replace(options, max_tokens=self.max_completion_tokens)
+        if self.logprobs:
+            options = dataclasses.replace(options, logprobs=self.top_logprobs or 0)
         return options
 
     def conversation(self) -> list[dict]:
@@ -348,11 +383,30 @@ def completion_chunk(id_: str, model: str, text: str, result: Result | None = No
     return chunk
 
 
+def usage_chunk(id_: str, model: str, result: Result, *, chat: bool) -> dict:
+    """Returns the chunk stream_options.include_usage asks for: no choices, the usage."""
+    return {"id": id_, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [], "usage": usage(result)}
+
+
 def chat_json(id_: str, model: str, result: Result) -> dict:
     return {"id": id_, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason, "logprobs": None}],
+                         "finish_reason": result.finish_reason, "logprobs": chat_logprobs(result)}],
             "usage": usage(result), "tiers": result.tiers}
+
+
+def chat_logprobs(result: Result) -> dict | None:
+    """Returns OpenAI's `logprobs` of a chat answer ({"content": [one per token]}), or None when not asked for."""
+    if result.logprobs is None:
+        return None
+
+    def entry(item: dict) -> dict:
+        raw = bytes(item["bytes"])
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": item["logprob"], "bytes": item["bytes"]}
+
+    return {"content": [entry(item) | {"top_logprobs": [entry(top) for top in item["top"]]}
+                        for item in result.logprobs], "refusal": None}
 
 
 def chat_chunk(id_: str, model: str, delta: dict, result: Result | None = None) -> dict:

@@ -81,6 +81,11 @@ class Model:
         """Returns the llama_model pointer for the engine's Context."""
         return self._model
 
+    @property
+    def vocab(self):
+        """Returns the llama_vocab pointer, for samplers that read the vocabulary (a grammar, penalties)."""
+        return self._vocab
+
     def architecture(self) -> ArchitectureFacts:
         """Returns what llama.cpp read from the GGUF about the kind of model this is."""
         m = self._model

@@ -1,4 +1,10 @@
-"""Gives a llama.cpp sampler chain: greedy, or temperature with top-k / top-p and a seed."""
+"""Gives a llama.cpp sampler chain: a grammar and penalties if asked, then greedy, or temperature with top-k / top-p / min-p and a seed.
+
+The chain's order is llama.cpp's own (common/sampling): the grammar first (tokens it forbids are
+never drawn), then the repetition penalties, then the cut-offs and the draw. Every link is
+deterministic given the logits and the tokens accepted so far, so a cached prompt answers as its
+full prefill does with a grammar and penalties on too.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import llama_cpp
+import numpy as np
 
 from pc_cpu.errors import PromptCacheError
 
@@ -15,12 +22,30 @@ SEED_MAX = 2**32 - 2  # a uint32_t, and 0xFFFFFFFF is LLAMA_DEFAULT_SEED, "pick 
 TEMPERATURE_MAX = 3.4e38  # about FLT_MAX: llama.cpp takes a C float, and beyond it a temperature is infinity
 
 
+PENALTY_LAST_N_MAX = 2**31 - 1  # an int32_t
+TOP_LOGPROBS_MAX = 20  # as OpenAI's API takes
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
     seed: int = 0
+    min_p: float = 0.0  # 0: off; else tokens below min_p x the likeliest one's probability are cut
+    repeat_penalty: float = 1.0  # 1: off; > 1 divides the logit of a token seen in the last penalty_last_n
+    frequency_penalty: float = 0.0  # 0: off; subtracted once per time a token was seen
+    presence_penalty: float = 0.0  # 0: off; subtracted once if a token was seen at all
+    penalty_last_n: int = 64  # tokens the penalties look back over (llama.cpp's default); 0: none
+    grammar: str | None = None  # GBNF the answer must follow (pc_cpu.engine.llama.grammar); None: free text
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit); -inf bans a token
+    logprobs: int | None = None  # None: off; k: each chosen token's log probability and the k likeliest (<= 20)
+
+    @property
+    def penalized(self) -> bool:
+        """Returns whether any repetition penalty is on."""
+        return self.penalty_last_n > 0 and (self.repeat_penalty != 1 or self.frequency_penalty != 0
+                                            or self.presence_penalty != 0)
 
     def validate(self) -> None:
         """Returns None when every option is in range; raises PromptCacheError naming the first that is not.
@@ -38,6 +63,29 @@ class SamplingParams:
         if not _is_integer_in(self.seed, SEED_MAX):
             raise PromptCacheError(f"seed={self.seed!r}: must be an integer in 0..{SEED_MAX} "
                                    f"({SEED_MAX + 1} is llama.cpp's 'random seed')")
+        if not (_is_number(self.min_p) and 0 <= self.min_p <= 1):
+            raise PromptCacheError(f"min_p={self.min_p!r}: must be a number in [0, 1] (0 turns it off)")
+        if not (_is_number(self.repeat_penalty) and 0 < self.repeat_penalty <= TEMPERATURE_MAX):
+            raise PromptCacheError(f"repeat_penalty={self.repeat_penalty!r}: must be a finite number > 0 "
+                                   "(1 turns it off)")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (_is_number(value) and -2 <= value <= 2):
+                raise PromptCacheError(f"{name}={value!r}: must be a number in [-2, 2], as OpenAI's API takes "
+                                       "(0 turns it off)")
+        if not _is_integer_in(self.penalty_last_n, PENALTY_LAST_N_MAX):
+            raise PromptCacheError(f"penalty_last_n={self.penalty_last_n!r}: must be an integer in "
+                                   f"0..{PENALTY_LAST_N_MAX}")
+        if self.logprobs is not None and not _is_integer_in(self.logprobs, TOP_LOGPROBS_MAX):
+            raise PromptCacheError(f"top_logprobs={self.logprobs!r}: must be an integer in 0..{TOP_LOGPROBS_MAX}")
+        for token, bias in self.logit_bias:
+            if not _is_integer_in(token, TOP_K_MAX) or not (isinstance(bias, (int, float)) and not math.isnan(bias)
+                                                            and bias <= 100):
+                raise PromptCacheError(f"logit_bias {token!r}: {bias!r}: give token ids (integers >= 0) and biases of "
+                                       "at most 100 (-100 or -inf all but bans a token)")
+        if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):
+            raise PromptCacheError("grammar must be GBNF text (pc_cpu.engine.llama.grammar makes it from a "
+                                   "JSON schema), or None")
 
 
 def _is_number(value) -> bool:
@@ -50,12 +98,58 @@ def _is_integer_in(value, maximum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= maximum
 
 
+def _logit_bias_sampler(n_vocab: int, biases: tuple[tuple[int, float], ...]):
+    """Returns llama.cpp's logit-bias sampler of (token, bias) pairs; a token beyond the vocabulary is refused."""
+    beyond = [token for token, _ in biases if token >= n_vocab]
+    if beyond:
+        raise PromptCacheError(f"logit_bias names token {beyond[0]}, beyond this model's {n_vocab} tokens; give ids "
+                               f"in 0..{n_vocab - 1}")
+    entries = (llama_cpp.llama_logit_bias * len(biases))(
+        *(llama_cpp.llama_logit_bias(token, max(bias, -3.4e38)) for token, bias in biases))
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability under the model (before any grammar or bias), and the likeliest others."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log probability), likeliest first
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """Returns `token`'s log probability under the softmax of `logits`, with the `top` likeliest tokens'."""
+    shifted = logits.astype(np.float64) - float(np.max(logits))
+    logprobs = shifted - math.log(float(np.exp(shifted).sum()))
+    best = np.argsort(-logprobs, kind="stable")[:top] if top else ()
+    return TokenLogprob(token, float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best))
+
+
 class Sampler:
     """Owns one llama_sampler chain."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, model=None):
+        """`model`: the Model whose vocabulary a grammar or penalties need (pc_cpu.engine.llama.model)."""
         params.validate()
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if params.grammar is not None or params.penalized or params.logit_bias:
+            if model is None:
+                self.close()
+                raise PromptCacheError("a grammar or a repetition penalty needs the model's vocabulary: pass model=")
+        if params.logit_bias:
+            self._add(_logit_bias_sampler(model.n_vocab, params.logit_bias))
+        if params.grammar is not None:
+            grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, params.grammar.encode("utf-8"), b"root")
+            if not grammar:  # llama.cpp logs the parse error and returns NULL
+                self.close()
+                raise PromptCacheError("llama.cpp could not parse the grammar (GBNF); check it, or give a JSON "
+                                       "schema instead (response_format)")
+            self._add(grammar)
+        if params.penalized:
+            self._add(llama_cpp.llama_sampler_init_penalties(model.n_vocab, params.penalty_last_n,
+                                                             params.repeat_penalty, params.frequency_penalty,
+                                                             params.presence_penalty))
         if params.temperature == 0:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -63,6 +157,8 @@ class Sampler:
             self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
         if params.top_p < 1:
             self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0:
+            self._add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))  # in 0..SEED_MAX: validate() checked
 

@@ -47,7 +47,7 @@ from pc_cpu.engine.llama.context import Context
 from pc_cpu.engine.runtime.generator import TextDecoder
 from pc_cpu.engine.runtime.prompt_work import Answer, Head, IdleTask, PromptWork
 from pc_cpu.engine.llama.sequences import SequenceRoles
-from pc_cpu.engine.llama.sampler import Sampler, SamplingParams
+from pc_cpu.engine.llama.sampler import Sampler, SamplingParams, TokenLogprob, token_logprob
 from pc_cpu.engine.runtime.locks import FairLock
 from pc_cpu.errors import ContextOverflowError, EngineError, PromptCacheError
 from pc_cpu.result import Result, Tier
@@ -118,6 +118,7 @@ class Request:
     ttft_ms: float = 0.0
     tiers: dict[str, Tier] = field(default_factory=dict)
     prompt_end: int = 0  # where the prompt ends in its stream: generated tokens' cells follow
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when the job asks
 
     def emit(self, text: str) -> None:
         if text:
@@ -307,7 +308,7 @@ class Scheduler:
             request.slot = self._pick_free_slot()
         self._held.pop(request.slot, None)
         request.cap = cap
-        request.sampler = Sampler(job.sampling)
+        request.sampler = Sampler(job.sampling, prompts.model)
         request.decoder = TextDecoder(prompts.model, job.stop)
         self._active.append(request)
         request.next_pos = (job.work.prefill_tail(request.slot, held) if reuse is not None
@@ -315,7 +316,7 @@ class Scheduler:
         request.prompt_end = request.next_pos
         token = request.sampler.sample(prompts.handle, -1)
         request.ttft_ms = (time.perf_counter() - job.t0) * 1000
-        self._accept(request, token)
+        self._accept(request, token, self._logprob(request, token, -1))
 
     def _step(self) -> None:
         """Decodes the pending token of every active request, then samples each one's next.
@@ -335,14 +336,22 @@ class Scheduler:
             for i, request in enumerate(batch):  # sampled before the next batch overwrites the logits
                 request.next_pos += 1
                 request.pending = None
-                self._accept(request, request.sampler.sample(self.prompts.handle, i))
+                token = request.sampler.sample(self.prompts.handle, i)
+                self._accept(request, token, self._logprob(request, token, i))
 
-    def _accept(self, request: Request, token: int) -> None:
+    def _logprob(self, request: Request, token: int, index: int) -> TokenLogprob | None:
+        """Returns the sampled token's log probability from output `index`'s logits, when the job asks for them."""
+        top = request.job.sampling.logprobs
+        return None if top is None else token_logprob(self.prompts.logits(index), token, top)
+
+    def _accept(self, request: Request, token: int, logprob: TokenLogprob | None = None) -> None:
         """Records a sampled token; ends the request at end-of-generation, a stop string or its cap."""
         if self.prompts.model.is_end_of_generation(token):
             self._finish(request, "stop")
             return
         request.tokens.append(token)
+        if logprob is not None:
+            request.logprobs.append(logprob)
         request.emit(request.decoder.push(token))
         if request.decoder.stopped:
             self._finish(request, "stop")
@@ -373,8 +382,18 @@ class Scheduler:
         result = Result(text="".join(request.text), token_ids=list(request.tokens),
                         ttft_ms=request.ttft_ms or total, total_ms=total, cached_tokens=counts.cached,
                         uncached_tokens=counts.uncached, finish_reason=reason, use_cache=job.work.use_cache,
-                        modules=list(counts.modules), tiers=request.tiers)
+                        modules=list(counts.modules), tiers=request.tiers,
+                        logprobs=self._logprobs_of(request))
         request.events.put(Done(result))
+
+    def _logprobs_of(self, request: Request) -> list[dict] | None:
+        """Returns the Result's logprobs: per generated token, its text and log probability and the likeliest others."""
+        if request.job.sampling.logprobs is None:
+            return None
+        piece = self.prompts.model.piece
+        return [{"token_id": lp.token, "bytes": list(piece(lp.token)), "logprob": lp.logprob,
+                 "top": [{"token_id": t, "bytes": list(piece(t)), "logprob": p} for t, p in lp.top]}
+                for lp in request.logprobs]
 
     def _fail(self, request: Request, error: BaseException) -> None:
         self._release(request)

@@ -1,0 +1,68 @@
+"""Gives the GBNF grammar an answer is held to: JSON, or JSON that a schema admits (OpenAI's `response_format`).
+
+The JSON-schema-to-GBNF converter is the one llama-cpp-python ships (llama_cpp.llama_grammar, a
+port of llama.cpp's json_schema_to_grammar), and llama.cpp's grammar sampler applies the grammar
+(pc_cpu.engine.llama.sampler): nothing here parses JSON or samples. Whitespace between tokens is
+bounded by the converter (`space ::= " "?`), so a constrained answer cannot spin on blanks.
+
+What a grammar cannot promise: an answer cut at max_tokens stops wherever it is, a prefix of valid
+JSON (Result.finish_reason "length"); raise max_tokens, or bound the schema (maxLength, maxItems).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from pc_cpu.errors import PromptCacheError
+
+TYPES = ("text", "json_object", "json_schema")
+_ANY_OBJECT = {"type": "object"}  # what json_object asks for: a JSON object, as llama.cpp's server reads it
+
+
+def response_grammar(response_format: Mapping[str, Any] | None) -> str | None:
+    """Returns the GBNF grammar of an OpenAI `response_format`, or None for free text.
+
+    Accepted: None or {"type": "text"} (free text), {"type": "json_object"} (any JSON object), and
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
+
+    Raises:
+        PromptCacheError: a response_format of another shape, or a schema the converter refuses,
+            naming what is wrong.
+    """
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise PromptCacheError(f"response_format must be an object such as {{\"type\": \"json_object\"}}, "
+                               f"not {type(response_format).__name__}")
+    kind = response_format.get("type")
+    if kind not in TYPES:
+        raise PromptCacheError(f"response_format.type={kind!r}: use one of {', '.join(TYPES)}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return schema_grammar(response_format.get("schema") or _ANY_OBJECT)  # llama.cpp also takes a schema here
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, Mapping) or "schema" not in spec:
+        raise PromptCacheError('response_format.json_schema must be an object with a "schema" (and a "name"), '
+                               'e.g. {"name": "answer", "schema": {"type": "object", ...}}')
+    return schema_grammar(spec["schema"])
+
+
+def schema_grammar(schema: Any) -> str:
+    """Returns the GBNF grammar of a JSON schema (a dict, or its JSON text); raises PromptCacheError naming its fault."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise PromptCacheError(f"the JSON schema is not JSON ({exc}); give a JSON object") from None
+    if not isinstance(schema, Mapping):
+        raise PromptCacheError(f"a JSON schema must be an object, not {type(schema).__name__}")
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        # The converter asserts what it cannot follow: an unknown type, an unresolved $ref, a bad pattern.
+        raise PromptCacheError(f"the JSON schema cannot constrain an answer: {exc or type(exc).__name__}; "
+                               "fix it (pc_cpu accepts what llama.cpp's json_schema_to_grammar does)") from None
