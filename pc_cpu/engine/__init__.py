@@ -1,6 +1,6 @@
 """The engine: the only code that calls llama.cpp (through llama-cpp-python), in five rooms by job.
 
-    llama/      wrappers of llama.cpp: the model, a context, sequence roles, the sampler, the CPU checks
+    llama/      wrappers of llama.cpp: the model, a context, sequence roles, the sampler, grammars, the CPU checks
     cells/      saved cells: computing segments, storing them in the byte tiers, moving them, assembling
     recompute/  computing cached tokens again: CacheBlend-style selection, the probe, the one-pass recompute
     prompts/    the three prompt kinds as the scheduler runs them: schema prompts, questions over
