@@ -58,7 +58,8 @@ class GenerationOptions:
         return sampling
 
     def __post_init__(self) -> None:
-        # A caller's list of stop texts becomes a tuple, so options stay hashable and cannot change under a prompt.
+        # A caller's list of stop texts becomes a tuple, so they cannot change under a prompt; response_format and
+        # logit_bias are read once, into the sampler's parameters, when the prompt is queued (sampling()).
         object.__setattr__(self, "stop", _stop_texts(self.stop))
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise PromptCacheError(f"max_tokens={self.max_tokens!r}: must be at least 1")
