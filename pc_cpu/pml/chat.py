@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from pc_cpu.errors import PromptError
-from pc_cpu.pml.content_keys import prefix_digests  # noqa: F401 (re-exported for older imports)
 from pc_cpu.pml.document_layout import DocumentPrompt, DocumentToPlace, place_documents
 from pc_cpu.pml.tokenizer import Tokenizer
 

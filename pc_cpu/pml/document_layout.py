@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from pc_cpu.errors import DocumentError, PromptCacheError
-# DOCUMENT_MODE and the content keys of documents live in pc_cpu.pml.content_keys (re-exported for older imports).
-from pc_cpu.pml.content_keys import DOCUMENT_MODE, document_content, preamble_content, prefix_content  # noqa: F401
 from pc_cpu.pml.layout import Run
 from pc_cpu.pml.recompute import RecomputePolicy, contiguous_runs, most_relevant
 from pc_cpu.pml.roles import RoleMarkup

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pc_cpu.errors import PromptCacheError, SchemaError
-from pc_cpu.pml.content_keys import content_digest  # noqa: F401 (also re-exported for older imports)
+from pc_cpu.pml.content_keys import content_digest
 from pc_cpu.pml.layout import ROOT, Layout, Run
 from pc_cpu.pml.segment import Segment
 

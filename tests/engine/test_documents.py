@@ -12,8 +12,8 @@ from pc_cpu.document_settings import setting
 from pc_cpu.engine.prompts.document_prompt import DocumentWork
 from pc_cpu.engine.prompts.document_cells import SavedCells
 from pc_cpu.errors import ContextOverflowError, DocumentError, PromptCacheError, UnknownDocumentError
-from pc_cpu.pml.document_layout import (DOCUMENT_MODE, document_id, document_tokens, layout_documents, prefix_content,
-                                        preamble_tokens, tail_tokens)
+from pc_cpu.pml.content_keys import DOCUMENT_MODE, prefix_content
+from pc_cpu.pml.document_layout import document_id, document_tokens, layout_documents, preamble_tokens, tail_tokens
 from pc_cpu.kvstate import native, ops, state_blob
 from pc_cpu.store.document_library import prefix_label
 from pc_cpu.store.keys import StoreKey

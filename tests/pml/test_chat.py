@@ -7,7 +7,8 @@ import pytest
 from pc_cpu.errors import PromptError
 from pc_cpu.pml.document_layout import DocumentToPlace
 from pc_cpu.pml.chat import (ChatMessage, ChatTemplate, MovedRun, chat_prompt, check_after_edit, check_messages,
-                             common_prefix, moved_runs, prefix_digests)
+                             common_prefix, moved_runs)
+from pc_cpu.pml.content_keys import prefix_digests
 from tests.fake_tokenizer import WordTokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
