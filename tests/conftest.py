@@ -56,9 +56,13 @@ def tiny_8k_model_path(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path
     return write_tiny_llama_gguf(tmp_path_factory.mktemp("models-8k") / "tiny-llama-8k.gguf", context_length=8192)
 
 
-def cache_factory(default_model):
-    """Yields a factory of PromptCache objects (small test defaults, `default_model` unless told), then closes them."""
-    from pc_cpu import PromptCache
+def cache_factory(default_model, opener=None):
+    """Yields a factory of PromptCache objects (small test defaults, `default_model` unless told), then closes them.
+
+    `opener`: what to open instead of a PromptCache with the same options (tests/engine: its machinery).
+    """
+    if opener is None:
+        from pc_cpu import PromptCache as opener
 
     made = []
 
@@ -66,13 +70,13 @@ def cache_factory(default_model):
         options.setdefault("n_ctx", 1024)
         options.setdefault("threads", 2)
         options.setdefault("n_seq_max", 16)
-        cache = PromptCache(model or default_model, **options)
-        made.append(cache)
-        return cache
+        opened = opener(model or default_model, **options)
+        made.append(opened)
+        return opened
 
     yield make
-    for cache in made:
-        cache.close()
+    for opened in reversed(made):
+        opened.close()
 
 
 @pytest.fixture

@@ -80,19 +80,7 @@ def make_engine(engine_model):
     Default: on `engine_model`, with make_cache's small defaults (n_ctx 1024, 2 threads, 16 sequences);
     closes them after the test.
     """
-    made = []
-
-    def make(model=None, **options):
-        options.setdefault("n_ctx", 1024)
-        options.setdefault("threads", 2)
-        options.setdefault("n_seq_max", 16)
-        engine = Engine(model or engine_model, **options)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in reversed(made):
-        engine.close()
+    yield from cache_factory(engine_model, Engine)
 
 
 @pytest.fixture
