@@ -24,7 +24,7 @@ import warnings
 from typing import Sequence
 
 from pc_cpu.allocator import map_large_blocks_apart
-from pc_cpu.conversations import Conversations
+from pc_cpu.conversations import Conversations, Tools
 from pc_cpu.documents import Documents
 from pc_cpu.engine.cells.encoder import Workspace
 from pc_cpu.engine.llama.context import ContextConfig, default_flash_attn
@@ -56,7 +56,7 @@ from pc_cpu.stats import CacheStats, TierStats
 from pc_cpu.store.disk import DiskStore
 from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, Document, check_max_documents, library_directory
 from pc_cpu.store.resident import ResidentTier
-from pc_cpu.stream import Stream
+from pc_cpu.stream import Stream, ToolCallStream
 from pc_cpu.workbench import PROMPT_SEQ, PrefilledPrompt, Workbench
 
 __all__ = ["PromptCache", "Stream", "PrefilledPrompt", "PROMPT_SEQ"]  # the last three kept here for older imports
@@ -351,12 +351,23 @@ class PromptCache:
         return self._submit(work, sampling, options, t0)
 
     def chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
-             documents: Sequence[str] | None = None, after_edit: str = "recompute", **overrides) -> Result:
-        """Returns the model's answer to a conversation: OpenAI-style messages, the last one the user's.
+             documents: Sequence[str] | None = None, after_edit: str = "recompute", tools: Sequence[dict] | None = None,
+             tool_choice: "str | dict | None" = None, parallel_tool_calls: bool | None = None,
+             **overrides) -> Result:
+        """Returns the model's answer to a conversation: OpenAI-style messages, the last one the user's or a tool's.
 
-        messages: dicts {"role": "system" | "developer" | "user" | "assistant", "content": str}
+        messages: dicts {"role": "system" | "developer" | "user" | "assistant" | "tool", "content": str}
         (content may also be a list of {"type": "text", "text": ...} parts), oldest first. They are
         rendered by the model's own chat template (pc_cpu.pml.chat), as a full prefill of them would be.
+        A last assistant message is continued: the answer starts with its text.
+
+        tools: OpenAI-style function tools ({"type": "function", "function": {"name", "description",
+        "parameters"}}), rendered by the chat template (pc_cpu.pml.tools); tool_choice "auto" (the
+        default with tools), "none", "required" or {"type": "function", "function": {"name": ...}};
+        parallel_tool_calls=False: one call at most. Result.tool_calls then holds the calls the answer
+        made (OpenAI's shape), Result.text the rest, finish_reason "tool_calls". Send them back as the
+        assistant's message ({"role": "assistant", "content": None, "tool_calls": [...]}) followed by one
+        {"role": "tool", "tool_call_id": ..., "content": result} per call: the next step computes only those.
 
         Each turn reuses the cells of its earlier turns (from a prompt slot that still holds them,
         else from the RAM or disk tier; pc_cpu.engine.prompts.chat_prompt) and computes only its new
@@ -379,15 +390,19 @@ class PromptCache:
                 prompt holds (n_ctx); drop its oldest turns (keep the system message) or raise n_ctx.
         """
         stream = self.stream_chat(messages, GenerationOptions.of(options, overrides, method="chat"),
-                                  documents=documents, after_edit=after_edit)
+                                  documents=documents, after_edit=after_edit, tools=tools, tool_choice=tool_choice,
+                                  parallel_tool_calls=parallel_tool_calls)
         for _ in stream:
             pass
         return stream.result
 
     def stream_chat(self, messages: Sequence, options: GenerationOptions | None = None, *,
-                    documents: Sequence[str] | None = None, after_edit: str = "recompute", **overrides) -> "Stream":
+                    documents: Sequence[str] | None = None, after_edit: str = "recompute",
+                    tools: Sequence[dict] | None = None, tool_choice: "str | dict | None" = None,
+                    parallel_tool_calls: bool | None = None, **overrides) -> "Stream | ToolCallStream":
         """Returns an iterator of the answer's text pieces, as `stream` does for PML prompts; see `chat`.
 
+        With tools, the pieces are the answer's text before its first call; its calls are in `.result.tool_calls`.
         Closing it early (a client that went away) keeps the turn's cells computed so far for the next turn.
         """
         t0 = time.perf_counter()
@@ -395,10 +410,14 @@ class PromptCache:
         if options.recompute is not None:
             raise PromptCacheError(f"recompute={options.recompute!r} is for schema prompts and documents; a "
                                    "conversation reuses its earlier turns as they were computed: leave it out")
-        sampling = options.sampling(self.model)
+        tools = Tools.of(tools, tool_choice, parallel_tool_calls)
+        sampling = self.conversations.tool_sampling(options.sampling(self.model), tools)
         work = self.conversations.work(messages, documents=documents, after_edit=after_edit,
-                                       use_cache=options.use_cache)
-        return self._submit(work, sampling, options, t0)
+                                       use_cache=options.use_cache, tools=tools)
+        stream = self._submit(work, sampling, options, t0)
+        if not tools.functions or tools.choice.mode == "none":
+            return stream
+        return ToolCallStream(stream, [tool["function"]["name"] for tool in tools.functions])
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Returns True once no prompt waits or runs and no background work is left; False if `timeout` seconds pass first.

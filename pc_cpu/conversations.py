@@ -9,18 +9,39 @@ cells of the conversation's earlier turns.
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from pc_cpu.documents import Documents
 from pc_cpu.engine.cells.cell_store import CellStore
 from pc_cpu.engine.llama.context import Context
+from pc_cpu.engine.llama.grammar import tool_call_grammar
 from pc_cpu.engine.llama.model import Model
+from pc_cpu.engine.llama.sampler import Sampler, SamplingParams
 from pc_cpu.engine.prompts.chat_prompt import ChatWork, ConversationCells
 from pc_cpu.engine.prompts.document_prompt import DocumentWork
 from pc_cpu.errors import ContextOverflowError, PromptCacheError
 from pc_cpu.pml.chat import ChatMessage, ChatPrompt, ChatTemplate, chat_prompt, check_after_edit, check_messages
 from pc_cpu.pml.document_layout import DocumentToPlace
+from pc_cpu.pml.tools import OPEN, ToolChoice, check_tool_choice, check_tools, parse_tool_calls
 from pc_cpu.store.tiers import TieredStore
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A turn's tools as it was given them: the functions, which calls the answer may make, and one or more."""
+
+    functions: tuple[dict, ...] = ()
+    choice: ToolChoice = ToolChoice("none")
+    parallel: bool = True
+
+    @classmethod
+    def of(cls, tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> "Tools":
+        """Returns a request's tools checked (pc_cpu.pml.tools); raises PromptError naming a fault."""
+        functions = check_tools(tools)
+        choice = check_tool_choice(tool_choice, functions, parallel=parallel_tool_calls)
+        return cls(functions, choice, parallel_tool_calls is not False)
 
 
 class Conversations:
@@ -41,17 +62,18 @@ class Conversations:
         """Returns how many conversation tips (the cells up to a turn's answer) this process has stored and indexes."""
         return len(self.cells.tips)
 
-    def prompt(self, messages: Sequence, *, add_generation_prompt: bool = True) -> ChatPrompt:
+    def prompt(self, messages: Sequence, *, add_generation_prompt: bool = True, tools: Any = None) -> ChatPrompt:
         """Returns a conversation's tokens and decode calls as `chat` lays them out (pc_cpu.pml.chat); computes nothing.
 
         add_generation_prompt=False lays out a finished conversation (its last message may be the
         assistant's): where a next turn finds each answer's tokens (ChatPrompt.answers).
         """
         checked = check_messages(messages, finished=not add_generation_prompt)
-        return chat_prompt(checked, self.template, self.model, add_generation_prompt=add_generation_prompt)
+        return chat_prompt(checked, self.template, self.model, add_generation_prompt=add_generation_prompt,
+                           tools=check_tools(tools))
 
     def work(self, messages: Sequence, *, documents: Sequence[str] | None, after_edit: str,
-             use_cache: bool) -> ChatWork:
+             use_cache: bool, tools: Tools = Tools()) -> ChatWork:
         """Returns a turn of a conversation as the scheduler runs it, its arguments checked (see PromptCache.chat).
 
         Raises:
@@ -61,16 +83,22 @@ class Conversations:
         check_after_edit(after_edit)
         checked = check_messages(messages)
         placing = self._placing(documents, use_cache)
-        prompt = chat_prompt(checked, self.template, self.model, documents=placing, n_ctx=self._prompts.n_ctx)
+        functions = tools.functions if self._renders_tools(tools) else ()
+        names = [tool["function"]["name"] for tool in functions]
+        prompt = chat_prompt(checked, self.template, self.model, documents=placing, n_ctx=self._prompts.n_ctx,
+                             tools=functions)
         if prompt.end + 1 > self._prompts.n_ctx:
             raise ContextOverflowError(
                 f"the conversation is {prompt.end:,} tokens and a prompt holds {self._prompts.n_ctx:,} with its "
                 "answer: drop its oldest turns (keep the system message), or raise n_ctx")
 
         def answered(text: str) -> ChatPrompt | None:
+            # As the client sends the answer back: its calls as tool_calls, when the turn had tools
+            content, calls = parse_tool_calls(text, names) if functions else (text, ())
             try:
-                return chat_prompt(checked + (ChatMessage("assistant", text),), self.template, self.model,
-                                   documents=placing, n_ctx=self._prompts.n_ctx, add_generation_prompt=False)
+                return chat_prompt(checked + (ChatMessage("assistant", content, calls),), self.template, self.model,
+                                   documents=placing, n_ctx=self._prompts.n_ctx, add_generation_prompt=False,
+                                   tools=functions)
             except PromptCacheError:
                 return None
 
@@ -78,6 +106,45 @@ class Conversations:
         if prompt.documents is not None:
             document_work = DocumentWork(prompt.documents, self._documents.encoder, use_cache, "background")
         return ChatWork(prompt, self.cells, answered, use_cache, document_work, after_edit)
+
+    def tool_sampling(self, sampling: SamplingParams, tools: Tools) -> SamplingParams:
+        """Returns `sampling` with the calls `tools` allow held by the sampler: a grammar, or the call's opening banned.
+
+        "required" and a named function: the answer is calls, by a grammar from the first token.
+        "auto": the same grammar once the model opens a call, when the opening is one token
+        (Qwen2.5's <tool_call>); else the answer is free and its calls are read as written.
+        "none": the opening is banned when it is one token; else the tools are not rendered.
+
+        Raises:
+            PromptCacheError: a response_format too (one grammar per answer), or a parameters schema
+                the grammar converter refuses.
+        """
+        if not tools.functions:
+            return sampling
+        opening = self._opening_token()
+        if tools.choice.mode == "none":
+            if opening is None:
+                return sampling
+            return dataclasses.replace(sampling, logit_bias=sampling.logit_bias + ((opening, float("-inf")),))
+        if sampling.grammar is not None:
+            raise PromptCacheError("response_format and tools each hold the answer to a grammar: send one, or "
+                                   "tool_choice=\"none\" with response_format")
+        if tools.choice.mode == "auto" and opening is None:
+            return sampling
+        grammar = tool_call_grammar(tools.functions, tools.choice, parallel=tools.parallel)
+        triggers = (opening,) if tools.choice.mode == "auto" else ()
+        sampling = dataclasses.replace(sampling, grammar=grammar, grammar_triggers=triggers)
+        Sampler(sampling, self.model).close()  # a grammar llama.cpp refuses is refused here, not mid-run
+        return sampling
+
+    def _opening_token(self) -> int | None:
+        """Returns the one token a call's opening is (Qwen2.5's <tool_call>), or None when it takes more."""
+        tokens = self.model.tokenize(OPEN, special=True)
+        return tokens[0] if len(tokens) == 1 else None
+
+    def _renders_tools(self, tools: Tools) -> bool:
+        """Returns whether the turn's prompt shows the tools (with "none", only when the sampler can ban a call)."""
+        return bool(tools.functions) and (tools.choice.mode != "none" or self._opening_token() is not None)
 
     def _placing(self, documents: Sequence[str] | None, use_cache: bool) -> list[DocumentToPlace]:
         """Returns the named documents as the first user message places them, each with its stand-ins; [] for none."""

@@ -52,7 +52,7 @@ class Result:
     total_ms: float
     cached_tokens: int  # prompt tokens whose cells came from encoded modules
     uncached_tokens: int  # prompt tokens computed for this call (arguments, free text)
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length", or "tool_calls" (an answer that called tools)
     use_cache: bool
     modules: list[str] = field(default_factory=list)  # imported modules, in position order
     # Where each encoding the prompt used came from (a Tier: "context", "ram", "disk" or "encoded").
@@ -61,6 +61,9 @@ class Result:
     # With logprobs asked for: one dict per generated token, {"token_id", "bytes", "logprob", "top": [{"token_id",
     # "bytes", "logprob"}, ...]}, the model's own distribution (before a grammar, penalties or biases). Else None.
     logprobs: list[dict] | None = None
+    # A chat answer given tools: the calls it made, in OpenAI's shape ({"id", "type": "function", "function":
+    # {"name", "arguments": JSON text}}), `text` then the answer without them and finish_reason "tool_calls".
+    tool_calls: list[dict] | None = None
 
     @property
     def prompt_tokens(self) -> int:

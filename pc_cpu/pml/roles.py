@@ -12,6 +12,7 @@ still give the right pieces for later turns.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -83,6 +84,10 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False) -> str:
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
 def _renderer(template: str, *, bos_token: str, eos_token: str):
     env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
@@ -92,11 +97,15 @@ def _renderer(template: str, *, bos_token: str, eos_token: str):
 
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    # Templates' `tojson` is json.dumps as Hugging Face's and llama.cpp's renderers have it: keys in their
+    # order, text as it is. Jinja's own sorts keys and escapes <, > and &: tools would read otherwise.
+    env.filters["tojson"] = _tojson
     compiled = env.from_string(template)
 
-    def render(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render(messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        more = {"tools": tools} if tools else {}
         return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token)
+                               bos_token=bos_token, eos_token=eos_token, **more)
 
     return render
 

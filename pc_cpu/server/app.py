@@ -203,52 +203,83 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
 
     @app.post("/v1/completions")
     async def completions(body: api.CompletionRequest, request: Request):
-        options = body.options()
         id_ = api.new_id("cmpl")
         prompt = body.prompt_pml()
+        if body.n > 1:
+            results = await _choices(feeds, request, lambda options: cache.stream(prompt, options),
+                                     body.choice_options())
+            return results if isinstance(results, JSONResponse) else api.completion_json(id_, model_name, *results)
+        options = body.options()
         feed = feeds.open(lambda: cache.stream(prompt, options))
         return await _answer(feed, request, body.stream,
                              whole=lambda result: api.completion_json(id_, model_name, result),
-                             chunk=lambda text, result=None: api.completion_chunk(id_, model_name, text, result),
+                             chunk=lambda text, result=None, logprobs=(): api.completion_chunk(id_, model_name, text,
+                                                                                              result),
                              usage=(lambda result: api.usage_chunk(id_, model_name, result, chat=False))
                              if body.include_usage() else None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatRequest, request: Request):
-        options = body.options()
         if body.documents is not None and not body.is_question():
             messages, documents = body.conversation(), list(body.documents)
-            feed = feeds.open(lambda: cache.stream_chat(messages, options, documents=documents,
-                                                        after_edit=body.after_edit))
+
+            def answer(options):
+                return cache.stream_chat(messages, options, documents=documents, after_edit=body.after_edit,
+                                         **body.tool_arguments())
         elif body.documents is not None:
             question, system = body.question()
             documents = list(body.documents)
-            feed = feeds.open(lambda: cache.stream_ask(question, options, documents=documents, system=system,
-                                                       setting=body.setting, order=body.order,
-                                                       prefix=body.prefix, encoding=body.encoding))
+
+            def answer(options):
+                return cache.stream_ask(question, options, documents=documents, system=system, setting=body.setting,
+                                        order=body.order, prefix=body.prefix, encoding=body.encoding)
         elif body.schema_name is None:
             messages = body.conversation()
-            feed = feeds.open(lambda: cache.stream_chat(messages, options, after_edit=body.after_edit))
+
+            def answer(options):
+                return cache.stream_chat(messages, options, after_edit=body.after_edit, **body.tool_arguments())
         else:
             layout = cache.schemas.layout(body.schema_name)  # UnknownSchemaError names the loaded ones
             names = [name for name in layout.modules if name != ROOT] + list(layout.scaffolds)
             prompt = messages_to_pml(body.schema_name, [m.message(i) for i, m in enumerate(body.messages)],
                                      import_names=names)
-            feed = feeds.open(lambda: naming_messages(lambda: cache.stream(prompt, options)))
+
+            def answer(options):
+                return naming_messages(lambda: cache.stream(prompt, options))
         id_ = api.new_id("chatcmpl")
+        if body.n > 1:
+            results = await _choices(feeds, request, answer, body.choice_options())
+            return results if isinstance(results, JSONResponse) else api.chat_json(id_, model_name, *results)
 
-        def chunk(text, result=None):
-            return api.chat_chunk(id_, model_name, {"content": text} if text else {}, result)
+        def chunk(text, result=None, logprobs=()):
+            return api.chat_chunk(id_, model_name, {"content": text} if text else {}, result, logprobs)
 
-        return await _answer(feed, request, body.stream,
+        options = body.options()
+        return await _answer(feeds.open(lambda: answer(options)), request, body.stream,
                              whole=lambda result: api.chat_json(id_, model_name, result), chunk=chunk,
                              first=api.chat_chunk(id_, model_name, {"role": "assistant", "content": ""}),
+                             calls=lambda result: api.tool_call_chunks(id_, model_name, result),
                              usage=(lambda result: api.usage_chunk(id_, model_name, result, chat=True))
                              if body.include_usage() else None)
 
 
-async def _answer(feed: Feed, request: Request, stream: bool, *,
-                  whole: Callable, chunk: Callable, first: dict | None = None, usage: Callable | None = None):
+async def _choices(feeds: Feeds, request: Request, answer: Callable, options: list):
+    """Returns the Results of one prompt answered once per options (n > 1), one after another; or the 499 of a client gone.
+
+    Each answer after the first finds the prompt's cells in the stream the one before left (all but
+    its last decode call, which is computed again so that every choice answers as a full prefill would).
+    """
+    results = []
+    for choice in options:
+        result = await _answer(feeds.open(lambda: answer(choice)), request, False, whole=lambda r: r, chunk=None)
+        if isinstance(result, JSONResponse):
+            return result
+        results.append(result)
+    return results
+
+
+async def _answer(feed: Feed, request: Request, stream: bool, *, whole: Callable, chunk: Callable,
+                  first: dict | None = None, usage: Callable | None = None, calls: Callable | None = None):
     """Returns the JSON answer, or the SSE response once the first piece exists.
 
     Waiting for the first piece before answering lets an error in the prompt (bad PML, overflow)
@@ -268,24 +299,27 @@ async def _answer(feed: Feed, request: Request, stream: bool, *,
         raise event.error  # the worker has closed the stream already
     if not stream:
         return whole(event.result)
-    events = _sse(feed, request, event, chunk, first, usage)
+    events = _sse(feed, request, event, chunk, first, usage, calls)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                              background=BackgroundTask(feed.cancel))
 
 
 async def _sse(feed: Feed, request: Request, event, chunk: Callable, first: dict | None,
-               usage: Callable | None = None) -> AsyncIterator[str]:
+               usage: Callable | None = None, calls: Callable | None = None) -> AsyncIterator[str]:
     """Yields `data: {chunk}` events from `event` on, then `data: [DONE]`; closes the feed however it ends.
 
     `usage`: the usage-only chunk's maker, sent after the last one when the client asked (include_usage).
+    `calls`: the maker of the tool calls' chunks, sent before the finishing one.
     """
     try:
         if first is not None:
             yield _data(first)
         while isinstance(event, Text):
-            yield _data(chunk(event.text))
+            yield _data(chunk(event.text, logprobs=event.logprobs))
             event = await _next_event(feed, request)
         if isinstance(event, Done):
+            for call in calls(event.result) if calls is not None else ():
+                yield _data(call)
             yield _data(chunk("", event.result))
             if usage is not None:
                 yield _data(usage(event.result))

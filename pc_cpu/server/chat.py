@@ -28,7 +28,8 @@ from pc_cpu.pml.chat import ROLES, ChatMessage
 from pc_cpu.pml.text import NOT_XML, escape_attribute
 from pc_cpu.pml.text import escape_text
 
-ROLE_TAGS = ROLES  # a message's role -> the PML tag of its turn: the roles the chat template takes
+# a message's role -> the PML tag of its turn: the roles PML has (a tool's results are for conversations)
+ROLE_TAGS = {role: tag for role, tag in ROLES.items() if tag in ("system", "user", "assistant")}
 
 # One start or end tag with its attributes: (slash, name, attributes, self-closing slash).
 _TAG = re.compile(r"""<(/?)([A-Za-z_][\w.-]*)((?:\s+[^\s=/>"']+\s*=\s*(?:"[^"]*"|'[^']*'))*)\s*(/?)>""")

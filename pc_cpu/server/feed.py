@@ -51,7 +51,7 @@ class Feed:
                 return  # cancelled while queued for a worker: never take the context
             stream = open_stream()
             for text in stream:
-                self._post(Text(text))
+                self._post(Text(text, getattr(stream, "piece_logprobs", ())))
                 if self._cancelled.is_set():
                     return
             self._post(Done(stream.result))

@@ -20,8 +20,13 @@ Differences from OpenAI, on purpose:
   is OpenAI's own field for the cached count.
 - `response_format` (json_object, json_schema) holds the answer to JSON by a grammar; `frequency_penalty`,
   `presence_penalty`, `logit_bias`, and llama.cpp's `repeat_penalty` and `min_p` are the sampler's; chat's
-  `logprobs`/`top_logprobs` come with whole answers (not yet streamed, nor on /v1/completions).
-- OpenAI fields this server does not implement (tools, n > 1, logprobs, ...) are
+  `logprobs`/`top_logprobs` come with answers and with each streamed piece (not yet on /v1/completions).
+- `tools`, `tool_choice` and `parallel_tool_calls` in conversations (PromptCache.chat), with assistant
+  `tool_calls` and `tool` messages in the history; streamed calls come as one `tool_calls` delta per
+  call, whole, after the text.
+- `n` > 1: the choices are answered one after another, each reusing the prompt's cells the one before
+  left (its last decode call computed again, so each answers as a full prefill would); not streamed.
+- OpenAI fields this server does not implement (the legacy functions, best_of, ...) are
   refused with a 422 naming them, unless they ask for what it does anyway (n=1, logprobs=false,
   null): UNSUPPORTED lists them. IGNORED lists the few accepted and ignored on purpose (`model`:
   one model per server; `user`, `metadata`, ...: bookkeeping that does not change the answer).
@@ -38,7 +43,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pc_cpu.engine.llama.sampler import SamplingParams
+from pc_cpu.engine.llama.sampler import SEED_MAX, SamplingParams
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.chat import AFTER_EDIT
@@ -49,6 +54,7 @@ from pc_cpu.pml.chat import ChatMessage
 from pc_cpu.store.document_library import Document
 
 DEFAULT_MAX_TOKENS = 256
+MAX_CHOICES = 16  # n: each choice is an answer computed in turn
 
 
 class RequestBody(BaseModel):
@@ -102,12 +108,10 @@ class Unsupported:
 # below and deleting its line here. Checked before the fields, so `n=2` is refused as unsupported,
 # not validated as an int.
 UNSUPPORTED = (
-    Unsupported("n", "this server returns one choice; send n=1 or leave it out", (1,)),
     Unsupported("best_of", "this server samples one answer; send best_of=1 or leave it out", (1,)),
-    Unsupported("tools", "this server does not call tools; leave it out (or send [])", ([],)),
-    Unsupported("tool_choice", "this server does not call tools; leave it out (or send \"none\")", ("none", "auto")),
-    Unsupported("functions", "this server does not call functions; leave it out (or send [])", ([],)),
-    Unsupported("function_call", "this server does not call functions; leave it out (or send \"none\")",
+    Unsupported("functions", "the legacy functions field is not taken; send them as `tools` (each "
+                "{\"type\": \"function\", \"function\": {...}})", ([],)),
+    Unsupported("function_call", "the legacy function_call field is not taken; send `tool_choice`",
                 ("none", "auto")),
     Unsupported("echo", "this server does not echo the prompt; leave it out (or send false)", (False,)),
     Unsupported("suffix", "this server does not insert text before a suffix; leave it out", ("",)),
@@ -123,7 +127,6 @@ IGNORED = (
     "model",  # one model per server
     "user", "metadata", "store", "service_tier", "safety_identifier",  # the client's bookkeeping
     "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",  # this server caches by its own rules
-    "parallel_tool_calls",  # without tools (refused above) there is nothing to call in parallel
     "prediction",  # a latency hint: the answer is the same without it
 )
 
@@ -183,6 +186,19 @@ class SamplingRequest(RequestBody):
     # {"include_usage": true}: a last chunk with no choices and the usage, as OpenAI sends it (the
     # chunk with finish_reason carries the usage too, always)
     stream_options: Optional[dict] = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices: answered one after another, sharing the prompt's cells
+
+    @model_validator(mode="after")
+    def _one_choice_streamed(self) -> "SamplingRequest":
+        if self.n > 1 and self.stream:
+            raise ValueError(f"n={self.n} with stream=true: choices are streamed one at a time only; send n=1 "
+                             "(or leave out stream)")
+        return self
+
+    def choice_options(self) -> list[GenerationOptions]:
+        """Returns each choice's options: the request's, its seed counted up from the first (n > 1)."""
+        options = self.options()
+        return [dataclasses.replace(options, seed=(options.seed + i) % (SEED_MAX + 1)) for i in range(self.n)]
 
     def include_usage(self) -> bool:
         """Returns whether a stream ends with OpenAI's usage-only chunk."""
@@ -223,6 +239,16 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="before")
     @classmethod
+    def _no_tools(cls, data):
+        if isinstance(data, dict):
+            asked = [f"{name}={_shown(data[name])}" for name in ("tools", "tool_choice", "parallel_tool_calls")
+                     if data.get(name) not in (None, [], "none")]
+            if asked:
+                raise ValueError(f"{', '.join(asked)}: tools are for conversations; send them to /v1/chat/completions")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _no_logprobs_yet(cls, data):
         if isinstance(data, dict) and not (data.get("logprobs") is None or data.get("logprobs") is False):
             raise ValueError(f"logprobs={_shown(data['logprobs'])}: /v1/completions does not return log "
@@ -250,16 +276,31 @@ class ChatMessageIn(BaseModel):
 
     role: str
     content: Union[str, list[TextPart], None] = None
+    tool_calls: Optional[list[dict]] = None  # an assistant's: the calls its answer made, sent back as they came
+    tool_call_id: Optional[str] = None  # a tool's: the call it answers
+    name: Optional[str] = None
 
     def message(self, index: int) -> ChatMessage:
         """Returns the message with its content parts joined; only text parts are supported."""
+        return ChatMessage(self.role, self.text(index))
+
+    def text(self, index: int) -> str:
+        """Returns the content's text, its parts joined; only text parts are supported."""
         if self.content is None or isinstance(self.content, str):
-            return ChatMessage(self.role, self.content or "")
+            return self.content or ""
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise PromptCacheError(f"message {index} has a content part of type {part.type!r}; "
                                        "only text parts are supported")
-        return ChatMessage(self.role, "".join(part.text for part in self.content))
+        return "".join(part.text for part in self.content)
+
+    def conversation(self, index: int) -> dict:
+        """Returns the message as PromptCache.chat takes it (pc_cpu.pml.chat.check_messages checks the rest)."""
+        message = {"role": self.role, "content": self.text(index)}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
 
 
 SYSTEM_ROLES = ("system", "developer")
@@ -278,15 +319,25 @@ class ChatRequest(SamplingRequest):
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)  # with logprobs: the likeliest others at each token
     # a conversation: "recompute" or "reuse" the turns after an edited message (PromptCache.chat)
     after_edit: str = "recompute"
+    tools: Optional[list[dict]] = None  # OpenAI's function tools (PromptCache.chat checks them)
+    tool_choice: Union[str, dict, None] = None  # "auto", "none", "required" or {"type": "function", ...}
+    parallel_tool_calls: Optional[bool] = None
 
     @model_validator(mode="after")
-    def _logprobs_whole(self) -> "ChatRequest":
-        if self.logprobs and self.stream:
-            raise ValueError("logprobs=true with stream=true: log probabilities come with whole answers only, so "
-                             "far; leave out stream (or logprobs)")
+    def _logprobs_asked(self) -> "ChatRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=true, as OpenAI's API has it")
         return self
+
+    @model_validator(mode="after")
+    def _tools_in_conversations(self) -> "ChatRequest":
+        if self.schema_name is not None and (self.tools or self.tool_choice not in (None, "none")):
+            raise ValueError("`tools` are for conversations; a schema's prompt (`schema`) takes none: leave them out")
+        return self
+
+    def tool_arguments(self) -> dict:
+        """Returns the tools, tool_choice and parallel_tool_calls as PromptCache.chat takes them."""
+        return {"tools": self.tools, "tool_choice": self.tool_choice, "parallel_tool_calls": self.parallel_tool_calls}
 
     @model_validator(mode="after")
     def _schema_or_documents(self) -> "ChatRequest":
@@ -315,9 +366,9 @@ class ChatRequest(SamplingRequest):
         return self
 
     def is_question(self) -> bool:
-        """Returns whether the messages are one question (any system messages, then one user message)."""
+        """Returns whether the messages are one question (any system messages, then one user message) and no tools."""
         roles = [message.role for message in self.messages]
-        return roles[-1] == "user" and all(role in SYSTEM_ROLES for role in roles[:-1])
+        return roles[-1] == "user" and all(role in SYSTEM_ROLES for role in roles[:-1]) and not self.tools
 
     def options(self) -> GenerationOptions:
         options = super().options()
@@ -329,7 +380,7 @@ class ChatRequest(SamplingRequest):
 
     def conversation(self) -> list[dict]:
         """Returns the messages as OpenAI-style dicts with their text parts joined, for PromptCache.chat."""
-        return [{"role": m.role, "content": m.message(i).content} for i, m in enumerate(self.messages)]
+        return [m.conversation(i) for i, m in enumerate(self.messages)]
 
     def question(self) -> tuple[str, str | None]:
         """Returns the question (the user message) and the system message (None without one), for documents."""
@@ -356,9 +407,9 @@ def new_id(kind: Literal["cmpl", "chatcmpl"]) -> str:
     return f"{kind}-{uuid.uuid4().hex}"
 
 
-def usage(result: Result) -> dict:
-    """Returns OpenAI's usage object with the cache counts and timings (ms) added."""
-    completion = len(result.token_ids)
+def usage(result: Result, *more: Result) -> dict:
+    """Returns OpenAI's usage object with the cache counts and timings (ms) added (of the first choice; tokens of all)."""
+    completion = sum(len(r.token_ids) for r in (result, *more))
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
             "total_tokens": result.prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
@@ -366,11 +417,12 @@ def usage(result: Result) -> dict:
             "ttft_ms": round(result.ttft_ms, 3), "total_ms": round(result.total_ms, 3)}
 
 
-def completion_json(id_: str, model: str, result: Result) -> dict:
+def completion_json(id_: str, model: str, result: Result, *more: Result) -> dict:
+    """Returns a completion's JSON; `more`: the other choices' Results (n > 1)."""
     return {"id": id_, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": result.text, "finish_reason": result.finish_reason,
-                         "logprobs": None}],
-            "usage": usage(result), "tiers": result.tiers}
+            "choices": [{"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}
+                        for i, r in enumerate((result, *more))],
+            "usage": usage(result, *more), "tiers": result.tiers}
 
 
 def completion_chunk(id_: str, model: str, text: str, result: Result | None = None) -> dict:
@@ -389,31 +441,47 @@ def usage_chunk(id_: str, model: str, result: Result, *, chat: bool) -> dict:
             "model": model, "choices": [], "usage": usage(result)}
 
 
-def chat_json(id_: str, model: str, result: Result) -> dict:
+def chat_json(id_: str, model: str, result: Result, *more: Result) -> dict:
+    """Returns a chat answer's JSON; `more`: the other choices' Results (n > 1)."""
     return {"id": id_, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason, "logprobs": chat_logprobs(result)}],
-            "usage": usage(result), "tiers": result.tiers}
+            "choices": [{"index": i, "message": _message(r), "finish_reason": r.finish_reason,
+                         "logprobs": chat_logprobs(r)} for i, r in enumerate((result, *more))],
+            "usage": usage(result, *more), "tiers": result.tiers}
+
+
+def _message(result: Result) -> dict:
+    if result.tool_calls:
+        return {"role": "assistant", "content": result.text or None, "tool_calls": result.tool_calls}
+    return {"role": "assistant", "content": result.text}
+
+
+def tool_call_chunks(id_: str, model: str, result: Result) -> list[dict]:
+    """Returns the streamed deltas of an answer's tool calls, one chunk a call (sent before the finishing chunk)."""
+    return [chat_chunk(id_, model, {"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(result.tool_calls or ())]
 
 
 def chat_logprobs(result: Result) -> dict | None:
     """Returns OpenAI's `logprobs` of a chat answer ({"content": [one per token]}), or None when not asked for."""
-    if result.logprobs is None:
-        return None
+    return None if result.logprobs is None else logprobs_content(result.logprobs)
+
+
+def logprobs_content(logprobs) -> dict:
+    """Returns OpenAI's chat `logprobs` object of Result.logprobs items (or a streamed piece's)."""
 
     def entry(item: dict) -> dict:
         raw = bytes(item["bytes"])
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": item["logprob"], "bytes": item["bytes"]}
 
     return {"content": [entry(item) | {"top_logprobs": [entry(top) for top in item["top"]]}
-                        for item in result.logprobs], "refusal": None}
+                        for item in logprobs], "refusal": None}
 
 
-def chat_chunk(id_: str, model: str, delta: dict, result: Result | None = None) -> dict:
-    """Returns one streamed delta; the last chunk (result given) carries finish_reason, usage and tiers."""
+def chat_chunk(id_: str, model: str, delta: dict, result: Result | None = None, logprobs=()) -> dict:
+    """Returns one streamed delta (with its tokens' logprobs when asked); the last chunk (result given) carries
+    finish_reason, usage and tiers."""
     chunk = {"id": id_, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
              "choices": [{"index": 0, "delta": delta, "finish_reason": result and result.finish_reason,
-                          "logprobs": None}]}
+                          "logprobs": logprobs_content(logprobs) if logprobs else None}]}
     if result is not None:
         chunk.update(usage=usage(result), tiers=result.tiers)
     return chunk

@@ -121,7 +121,12 @@ def test_digests_name_the_tokens_the_calls_and_how_the_cells_were_made():
     ([], "messages is empty"),
     ("hello", "messages is empty"),
     ([{"role": "wizard", "content": "x"}], "message 0 has role 'wizard'"),
-    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "end with the user's message"),
+    ([{"role": "user", "content": "x"}, {"role": "system", "content": "y"}], "end with the user's message"),
+    ([{"role": "assistant", "content": "y"}], "end with the user's message"),  # nothing before it to continue
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}], "send the tools' results"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}], "is not JSON"),
     ([{"role": "user", "content": " \n "}], "every user message is empty"),
     ([{"role": "user", "content": "bad \ud800 text"}], "lone surrogate"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "only text parts"),

@@ -61,7 +61,7 @@ def test_plain_chat_answers_as_the_full_prefill_and_reuses_the_previous_turn(oai
 
 
 @pytest.mark.parametrize("messages, fragment", [
-    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "end with the user's message"),
+    ([{"role": "user", "content": "x"}, {"role": "system", "content": "y"}], "end with the user's message"),
     ([{"role": "wizard", "content": "x"}], "role 'wizard'"),
     ([{"role": "user", "content": "   "}], "every user message is empty"),
 ])

@@ -1,6 +1,6 @@
 """Refusals that name what to fix: what the HTTP API fuzz (tests/server/test_fuzz.py) found answered otherwise.
 
-- OpenAI fields the server does not implement (tools, n > 1, ...) were
+- OpenAI fields the server does not implement (best_of, echo, ...) were
   answered with a 200 that ignored them; now a 422 names each (openai_api.UNSUPPORTED).
 - A body the JSON reader could not read (an integer of 5,000 digits, bytes that are not UTF-8,
   nesting deeper than it recurses) was a 400 "There was an error parsing the body".
@@ -39,15 +39,14 @@ def _post_raw(client, url: str, body: bytes, content_type: str | None = "applica
 
 @pytest.mark.parametrize("url, body", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
 @pytest.mark.parametrize("field, value, fragment", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}], "this server does not call tools"),
-    ("tool_choice", "required", "this server does not call tools"),
-    ("n", 2, "n=2: this server returns one choice; send n=1"),
+    ("functions", [{"name": "f"}], "the legacy functions field is not taken; send them as `tools`"),
+    ("function_call", "auto!", "the legacy function_call field is not taken"),
     ("best_of", 3, "best_of=3: this server samples one answer"),
     ("echo", True, "echo=true: this server does not echo the prompt"),
 ])
 def test_an_unsupported_openai_field_is_a_422_naming_it_and_the_fix(client, url, body, field, value, fragment):
     message = _error(client.post(url, json=body | {field: value}), 422)
-    assert f"{field}=" in message and fragment in message and "leave it out" in message
+    assert f"{field}=" in message and fragment in message
 
 
 @pytest.mark.parametrize("url, body", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
@@ -60,8 +59,15 @@ def test_an_unsupported_field_asking_for_what_the_server_does_anyway_is_answered
 
 
 def test_every_refusal_of_several_fields_names_each(client):
-    message = _error(client.post("/v1/chat/completions", json=CHAT | {"tools": [{}], "n": 2}), 422)
-    assert "tools=[{}]" in message and "n=2" in message
+    message = _error(client.post("/v1/chat/completions", json=CHAT | {"functions": [{}], "best_of": 2}), 422)
+    assert "functions=[{}]" in message and "best_of=2" in message
+
+
+@pytest.mark.parametrize("field, value", [("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                          ("tool_choice", "required"), ("parallel_tool_calls", False)])
+def test_tools_on_completions_are_a_422_pointing_at_chat(client, field, value):
+    message = _error(client.post("/v1/completions", json=COMPLETION | {field: value}), 422)
+    assert f"{field}=" in message and "/v1/chat/completions" in message
 
 
 @pytest.mark.parametrize("value", [True, 0, 3])  # in the legacy shape 0 asks too

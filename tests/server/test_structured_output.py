@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.server.conftest import sse_events
+from tests.server.conftest import DOC_PROMPT, sse_events
 
 COLOUR = {"type": "object", "properties": {"colour": {"enum": ["red", "green"]}}, "required": ["colour"]}
 CHAT = {"messages": [{"role": "user", "content": "Pick a colour."}], "max_tokens": 32}
@@ -58,9 +58,18 @@ def test_chat_logprobs_give_each_answer_tokens_and_the_likeliest_others(client):
     assert plain["logprobs"] is None and plain["message"]["content"] == choice["message"]["content"]
 
 
-def test_logprobs_with_a_stream_and_top_logprobs_alone_are_422s_naming_them(client):
-    streamed = client.post("/v1/chat/completions", json=CHAT | {"logprobs": True, "stream": True})
-    assert streamed.status_code == 422 and "logprobs=true with stream=true" in streamed.text
+def test_streamed_logprobs_come_with_each_piece_and_are_the_whole_answers(client):
+    body = CHAT | {"max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    chunks = sse_events(client.post("/v1/chat/completions", json=body | {"stream": True}))
+    pieces = [c["choices"][0] for c in chunks[:-1] if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert pieces and all(piece["logprobs"]["content"] for piece in pieces)
+    streamed = [entry for piece in pieces for entry in piece["logprobs"]["content"]]
+    assert streamed == whole["logprobs"]["content"]
+    assert "".join(entry["token"] for entry in streamed) == "".join(p["delta"]["content"] for p in pieces)
+
+
+def test_top_logprobs_alone_is_a_422_naming_it(client):
     alone = client.post("/v1/chat/completions", json=CHAT | {"top_logprobs": 2})
     assert alone.status_code == 422 and "needs logprobs=true" in alone.text
 
@@ -86,3 +95,21 @@ def test_include_usage_ends_a_stream_with_a_usage_only_chunk(client):
     assert events[-3]["choices"][0]["finish_reason"] == "length"
     with client.stream("POST", "/v1/chat/completions", json=body | {"stream_options": None}) as response:
         assert all(e == "[DONE]" or e["choices"] for e in sse_events(response))
+
+
+def test_n_choices_are_each_an_answer_and_sampled_ones_follow_their_seeds(client):
+    greedy = client.post("/v1/chat/completions", json=CHAT | {"max_tokens": 6, "n": 3}).json()
+    assert [c["index"] for c in greedy["choices"]] == [0, 1, 2]
+    assert len({c["message"]["content"] for c in greedy["choices"]}) == 1  # greedy: one answer, three times
+    one = client.post("/v1/chat/completions", json=CHAT | {"max_tokens": 6}).json()
+    assert greedy["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"]
+    assert greedy["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]  # one prompt, counted once
+    sampled = CHAT | {"max_tokens": 12, "temperature": 1.5, "seed": 7}
+    two = client.post("/v1/chat/completions", json=sampled | {"n": 2}).json()["choices"]
+    alone = client.post("/v1/chat/completions", json=sampled | {"seed": 8}).json()["choices"][0]
+    assert two[1]["message"]["content"] == alone["message"]["content"]  # choice i is seed + i
+    refused = client.post("/v1/chat/completions", json=CHAT | {"n": 2, "stream": True})
+    assert refused.status_code == 422 and "n=2 with stream=true" in refused.text
+    completions = client.post("/v1/completions", json={"prompt": DOC_PROMPT, "max_tokens": 4, "n": 2}).json()
+    assert [c["index"] for c in completions["choices"]] == [0, 1]
+    assert completions["choices"][0]["text"] == completions["choices"][1]["text"]

@@ -12,11 +12,13 @@ JSON (Result.finish_reason "length"); raise max_tokens, or bound the schema (max
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Sequence
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from pc_cpu.errors import PromptCacheError
+from pc_cpu.pml.tools import CLOSE, OPEN, ToolChoice, call_schema
 
 TYPES = ("text", "json_object", "json_schema")
 _ANY_OBJECT = {"type": "object"}  # what json_object asks for: a JSON object, as llama.cpp's server reads it
@@ -66,3 +68,27 @@ def schema_grammar(schema: Any) -> str:
         # The converter asserts what it cannot follow: an unknown type, an unresolved $ref, a bad pattern.
         raise PromptCacheError(f"the JSON schema cannot constrain an answer: {exc or type(exc).__name__}; "
                                "fix it (pc_cpu accepts what llama.cpp's json_schema_to_grammar does)") from None
+
+
+_ROOT = re.compile(r"(?<![\w-])root(?![\w-])")
+
+
+def tool_call_grammar(tools: Sequence[dict], choice: ToolChoice, *, parallel: bool = True) -> str:
+    """Returns the GBNF of an answer that is calls only: each <tool_call>{"name": ..., "arguments": ...}</tool_call>.
+
+    The names are the tools' (the named one's with tool_choice naming a function), the arguments
+    held to each function's `parameters` schema; more than one call when `parallel`. Applied from
+    the start (tool_choice "required" or a named function), or lazily from the model's first
+    <tool_call> under "auto" (SamplingParams.grammar_triggers), so a call always parses.
+
+    Raises:
+        PromptCacheError: a function's parameters schema the converter refuses, naming the function.
+    """
+    try:
+        call = schema_grammar(call_schema(tools, choice))
+    except PromptCacheError as exc:
+        raise PromptCacheError(f"tools: {exc}") from None
+    call = _ROOT.sub("tool-call-json", call)  # the converter's root becomes one call's JSON
+    more = ' ( "\\n" tool-call )*' if parallel else ""
+    return (f"root ::= tool-call{more}\n"
+            f"tool-call ::= {json.dumps(OPEN)} \"\\n\" tool-call-json \"\\n\" {json.dumps(CLOSE)}\n{call}")

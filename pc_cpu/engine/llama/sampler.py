@@ -38,6 +38,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # 0: off; subtracted once if a token was seen at all
     penalty_last_n: int = 64  # tokens the penalties look back over (llama.cpp's default); 0: none
     grammar: str | None = None  # GBNF the answer must follow (pc_cpu.engine.llama.grammar); None: free text
+    # Tokens that switch the grammar on when the model samples one (llama.cpp's lazy grammar, which then
+    # holds the answer from that token on); (): the grammar holds from the first token.
+    grammar_triggers: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit); -inf bans a token
     logprobs: int | None = None  # None: off; k: each chosen token's log probability and the k likeliest (<= 20)
 
@@ -109,6 +112,15 @@ def _logit_bias_sampler(n_vocab: int, biases: tuple[tuple[int, float], ...]):
     return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)
 
 
+def _grammar_sampler(model, grammar: str, triggers: tuple[int, ...]):
+    """Returns llama.cpp's grammar sampler of GBNF `grammar` (lazy when `triggers` are given); NULL when it does not parse."""
+    if not triggers:
+        return llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), b"root")
+    tokens = (llama_cpp.llama_token * len(triggers))(*triggers)
+    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(model.vocab, grammar.encode("utf-8"), b"root",
+                                                              None, 0, tokens, len(triggers))
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """A generated token's log probability under the model (before any grammar or bias), and the likeliest others."""
@@ -140,7 +152,7 @@ class Sampler:
         if params.logit_bias:
             self._add(_logit_bias_sampler(model.n_vocab, params.logit_bias))
         if params.grammar is not None:
-            grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, params.grammar.encode("utf-8"), b"root")
+            grammar = _grammar_sampler(model, params.grammar, params.grammar_triggers)
             if not grammar:  # llama.cpp logs the parse error and returns NULL
                 self.close()
                 raise PromptCacheError("llama.cpp could not parse the grammar (GBNF); check it, or give a JSON "

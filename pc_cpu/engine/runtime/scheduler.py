@@ -41,7 +41,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
 
 from pc_cpu.engine.llama.context import Context
 from pc_cpu.engine.runtime.generator import TextDecoder
@@ -75,6 +75,8 @@ class Text:
     """The next piece of an answer's text, as a stream hands it out."""
 
     text: str
+    # With logprobs asked for: those of the tokens whose text this piece completes (Result.logprobs' shape)
+    logprobs: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,15 @@ class Request:
     tiers: dict[str, Tier] = field(default_factory=dict)
     prompt_end: int = 0  # where the prompt ends in its stream: generated tokens' cells follow
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when the job asks
+    logprobs_sent: int = 0  # how many of them went out with a piece
 
-    def emit(self, text: str) -> None:
+    def emit(self, text: str, logprobs: Callable[[list[TokenLogprob]], list[dict]] | None = None) -> None:
+        """Hands out a piece of text (none when empty), with the logprobs of its tokens not handed out yet."""
         if text:
             self.text.append(text)
-            self.events.put(Text(text))
+            fresh = self.logprobs[self.logprobs_sent:]
+            self.logprobs_sent = len(self.logprobs)
+            self.events.put(Text(text, tuple(logprobs(fresh)) if logprobs and fresh else ()))
 
 
 @dataclass
@@ -352,7 +358,7 @@ class Scheduler:
         request.tokens.append(token)
         if logprob is not None:
             request.logprobs.append(logprob)
-        request.emit(request.decoder.push(token))
+        request.emit(request.decoder.push(token), self._logprob_dicts)
         if request.decoder.stopped:
             self._finish(request, "stop")
         elif len(request.tokens) >= request.cap:
@@ -371,7 +377,7 @@ class Scheduler:
         return best, None if best is None else self._held[best]
 
     def _finish(self, request: Request, reason: str) -> None:
-        request.emit(request.decoder.flush())
+        request.emit(request.decoder.flush(), self._logprob_dicts)
         answer = Answer(tuple(request.tokens), request.next_pos - request.prompt_end, "".join(request.text), reason)
         if reason != "cancelled":
             self._queue_idle(request.job.work, answer)  # before the caller hears of it: wait_idle then sees the task
@@ -390,10 +396,14 @@ class Scheduler:
         """Returns the Result's logprobs: per generated token, its text and log probability and the likeliest others."""
         if request.job.sampling.logprobs is None:
             return None
+        return self._logprob_dicts(request.logprobs)
+
+    def _logprob_dicts(self, logprobs: list[TokenLogprob]) -> list[dict]:
+        """Returns TokenLogprobs as Result.logprobs has them: each token's bytes, log probability and the likeliest others."""
         piece = self.prompts.model.piece
         return [{"token_id": lp.token, "bytes": list(piece(lp.token)), "logprob": lp.logprob,
                  "top": [{"token_id": t, "bytes": list(piece(t)), "logprob": p} for t, p in lp.top]}
-                for lp in request.logprobs]
+                for lp in logprobs]
 
     def _fail(self, request: Request, error: BaseException) -> None:
         self._release(request)
