@@ -16,11 +16,12 @@ conversation's earlier turns (and places the first turn's fragments as documents
 from __future__ import annotations
 
 import atexit
+import json
 import threading
 from typing import TYPE_CHECKING, Iterator, Literal
 
 import llm
-from llm.parts import TextPart
+from llm.parts import TextPart, ToolCallPart, ToolResultPart
 from pydantic import Field
 
 from pc_cpu.errors import DocumentError, PromptCacheError
@@ -96,6 +97,7 @@ class PromptCacheModel(llm.Model):
 
     can_stream = True
     supports_schema = True  # `llm --schema`: the answer is held to the schema by a grammar (response_format)
+    supports_tools = True  # `llm --tool` / `--functions`: PromptCache.chat's tools, the calls handed to llm to run
 
     class Options(llm.Options):
         max_tokens: int = Field(256, ge=1, description="Most tokens to generate")
@@ -108,6 +110,9 @@ class PromptCacheModel(llm.Model):
             None, description="With fragments: fast (default) assembles them from their cached cells; accurate "
                               "answers as a full prefill would (the first question over them is as slow as one)")
         threads: int | None = Field(None, ge=1, description="CPU threads; applies when the model is first opened")
+        tool_choice: Literal["auto", "required", "none"] | None = Field(
+            None, description="With tools: auto (default) lets the model choose, required makes it call one, none "
+                              "keeps it from calling")
 
     def __init__(self, name: str):
         self.name = name  # the packaged model's name, e.g. "smollm2-135m"
@@ -136,6 +141,9 @@ class PromptCacheModel(llm.Model):
                 documents = _first_turn_documents(pc, messages, conversation)
                 if documents:
                     details["documents"] = documents
+                tools = _tools(prompt)
+                if tools:
+                    generation.update(tools=tools, tool_choice=options.tool_choice)
                 pieces = pc.stream_chat(messages, **generation, **({"documents": documents} if documents else {}))
             try:
                 if stream:
@@ -146,17 +154,45 @@ class PromptCacheModel(llm.Model):
                 pieces.close()  # a caller that stopped reading cancels the rest of the answer
         except PromptCacheError as exc:
             raise llm.ModelError(str(exc)) from exc
+        for call in pieces.result.tool_calls or ():  # llm runs them, then sends their results as the next prompt
+            response.add_tool_call(llm.ToolCall(name=call["function"]["name"],
+                                                arguments=json.loads(call["function"]["arguments"]),
+                                                tool_call_id=call["id"]))
         _record(response, pieces.result, details)
+
+
+def _tools(prompt) -> list[dict]:
+    """Returns the prompt's llm Tools as OpenAI-style function tools (PromptCache.chat's `tools`)."""
+    return [{"type": "function", "function": {"name": tool.name, "description": tool.description or "",
+                                              "parameters": tool.input_schema or {"type": "object"}}}
+            for tool in getattr(prompt, "tools", None) or ()]
 
 
 def _messages(prompt) -> list[dict]:
     """Returns the conversation llm sends for `prompt` (earlier turns, then this one) as OpenAI-style messages.
 
-    Each user message holds its turn's fragments and text, as llm joined them.
+    Each user message holds its turn's fragments and text, as llm joined them. An assistant's tool
+    calls become its `tool_calls`; each tool result a message of the tool role.
     """
-    return [{"role": message.role,
-             "content": "".join(part.text for part in message.parts if isinstance(part, TextPart))}
-            for message in prompt.messages]
+    messages = []
+    for message in prompt.messages:
+        text = "".join(part.text for part in message.parts if isinstance(part, TextPart))
+        results = [part for part in message.parts if isinstance(part, ToolResultPart)]
+        calls = [part for part in message.parts if isinstance(part, ToolCallPart)]
+        if results:
+            messages += [{"role": "tool", "tool_call_id": part.tool_call_id, "name": part.name,
+                          "content": part.output if part.exception is None else f"Error: {part.exception}"}
+                         for part in results]
+            if text:
+                messages.append({"role": "user", "content": text})
+            continue
+        entry = {"role": message.role, "content": text}
+        if calls:
+            entry["tool_calls"] = [{"id": part.tool_call_id or f"call_{i}", "type": "function",
+                                    "function": {"name": part.name, "arguments": json.dumps(part.arguments)}}
+                                   for i, part in enumerate(calls)]
+        messages.append(entry)
+    return messages
 
 
 def _first_turn_documents(pc: "PromptCache", messages: list[dict], conversation) -> list[str] | None:

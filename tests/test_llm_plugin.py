@@ -7,6 +7,7 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Literal
 
 import pytest
 
@@ -169,6 +170,26 @@ def test_a_schema_holds_the_answer_to_json_it_admits(model):
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"]}
     answer = model.prompt("What colour is the sky? Answer in JSON.", schema=schema, max_tokens=32).text()
     assert json.loads(answer) in ({"colour": "red"}, {"colour": "green"}, {"colour": "blue"})
+
+
+def test_tools_are_called_through_llm_and_their_results_answered_after_the_cached_turn(model):
+    def lighthouse_keeper(light: Literal["Calder Light", "Kessel Light"]) -> str:
+        """Returns what the harbour records say of a lighthouse's last keeper."""
+        return f"The last keeper of the {light} was Agnes Moir."
+
+    first = model.prompt(QUESTION, tools=[lighthouse_keeper], tool_choice="required", max_tokens=64)
+    assert first.text() == ""  # the answer is the call
+    (call,) = first.tool_calls()[:1]
+    assert call.name == "lighthouse_keeper" and call.arguments["light"] in ("Calder Light", "Kessel Light")
+    results = first.execute_tool_calls()[:1]
+    assert results[0].output.startswith("The last keeper of the")
+    # llm's own chain sends the calls and their results back: the next step computes only the results.
+    second = model.prompt(None, tools=[lighthouse_keeper], tool_results=results, max_tokens=8,
+                          messages=[*first.prompt.messages, *first.messages(),
+                                    llm.parts.Message(role="tool", parts=[llm.parts.ToolResultPart(
+                                        name=r.name, output=r.output, tool_call_id=r.tool_call_id) for r in results])])
+    second.text()
+    assert second.response_json["cached_tokens"] >= first.usage().input  # the question, reused from the first step
 
 
 def test_invalid_options_are_refused_with_the_option_named(model):

@@ -211,10 +211,15 @@ def _add_completion_routes(app: FastAPI, cache, feeds: Feeds) -> None:
             return results if isinstance(results, JSONResponse) else api.completion_json(id_, model_name, *results)
         options = body.options()
         feed = feeds.open(lambda: cache.stream(prompt, options))
+        sent = [0]  # characters streamed so far: where the next piece's tokens start (text_offset)
+
+        def chunk(text, result=None, logprobs=()):
+            piece = api.completion_chunk(id_, model_name, text, result, logprobs, offset=sent[0])
+            sent[0] += len(text)
+            return piece
+
         return await _answer(feed, request, body.stream,
-                             whole=lambda result: api.completion_json(id_, model_name, result),
-                             chunk=lambda text, result=None, logprobs=(): api.completion_chunk(id_, model_name, text,
-                                                                                              result),
+                             whole=lambda result: api.completion_json(id_, model_name, result), chunk=chunk,
                              usage=(lambda result: api.usage_chunk(id_, model_name, result, chat=False))
                              if body.include_usage() else None)
 

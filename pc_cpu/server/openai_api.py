@@ -20,7 +20,9 @@ Differences from OpenAI, on purpose:
   is OpenAI's own field for the cached count.
 - `response_format` (json_object, json_schema) holds the answer to JSON by a grammar; `frequency_penalty`,
   `presence_penalty`, `logit_bias`, and llama.cpp's `repeat_penalty` and `min_p` are the sampler's; chat's
-  `logprobs`/`top_logprobs` come with answers and with each streamed piece (not yet on /v1/completions).
+  `logprobs`/`top_logprobs` come with answers and with each streamed piece; /v1/completions takes the
+  legacy integer `logprobs` (0..5) and answers in the legacy shape (tokens, token_logprobs, top_logprobs,
+  text_offset).
 - `tools`, `tool_choice` and `parallel_tool_calls` in conversations (PromptCache.chat), with assistant
   `tool_calls` and `tool` messages in the history; streamed calls come as one `tool_calls` delta per
   call, whole, after the text.
@@ -235,7 +237,8 @@ class SamplingRequest(RequestBody):
 
 class CompletionRequest(SamplingRequest):
     prompt: Union[str, list[str]]
-    logprobs: Optional[int] = None  # the legacy shape, where 0 asks too: not returned here yet (chat's is)
+    # The legacy shape: an integer, the likeliest others at each token (0: the chosen token's alone), at most 5
+    logprobs: Optional[int] = Field(None, ge=0, le=5)
 
     @model_validator(mode="before")
     @classmethod
@@ -245,16 +248,16 @@ class CompletionRequest(SamplingRequest):
                      if data.get(name) not in (None, [], "none")]
             if asked:
                 raise ValueError(f"{', '.join(asked)}: tools are for conversations; send them to /v1/chat/completions")
+            if data.get("logprobs") is True:  # not an int here, whatever Python says
+                raise ValueError("logprobs=true: on /v1/completions logprobs is an integer (0..5: how many likeliest "
+                                 "tokens to list at each token); null or false leaves them out")
+            if data.get("logprobs") is False:
+                data = {**data, "logprobs": None}
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_logprobs_yet(cls, data):
-        if isinstance(data, dict) and not (data.get("logprobs") is None or data.get("logprobs") is False):
-            raise ValueError(f"logprobs={_shown(data['logprobs'])}: /v1/completions does not return log "
-                             "probabilities yet; leave it out (or send false), or ask /v1/chat/completions with "
-                             "logprobs=true")
-        return data
+    def options(self) -> GenerationOptions:
+        options = super().options()
+        return options if self.logprobs is None else dataclasses.replace(options, logprobs=self.logprobs)
 
     def prompt_pml(self) -> str:
         if isinstance(self.prompt, str):
@@ -420,16 +423,32 @@ def usage(result: Result, *more: Result) -> dict:
 def completion_json(id_: str, model: str, result: Result, *more: Result) -> dict:
     """Returns a completion's JSON; `more`: the other choices' Results (n > 1)."""
     return {"id": id_, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}
+            "choices": [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
+                         "logprobs": None if r.logprobs is None else legacy_logprobs(r.logprobs)}
                         for i, r in enumerate((result, *more))],
             "usage": usage(result, *more), "tiers": result.tiers}
 
 
-def completion_chunk(id_: str, model: str, text: str, result: Result | None = None) -> dict:
-    """Returns one streamed piece; the last chunk (result given) carries finish_reason, usage and tiers."""
+def legacy_logprobs(logprobs, offset: int = 0) -> dict:
+    """Returns the completions API's `logprobs` object of Result.logprobs items: tokens, their log probabilities,
+    the likeliest others ({token: logprob}) and each token's offset in the text (from `offset`)."""
+    text = lambda item: bytes(item["bytes"]).decode("utf-8", errors="replace")
+    offsets, at = [], offset
+    for item in logprobs:
+        offsets.append(at)
+        at += len(text(item))
+    return {"tokens": [text(item) for item in logprobs], "token_logprobs": [item["logprob"] for item in logprobs],
+            "top_logprobs": [{text(top): top["logprob"] for top in item["top"]} for item in logprobs],
+            "text_offset": offsets}
+
+
+def completion_chunk(id_: str, model: str, text: str, result: Result | None = None, logprobs=(),
+                     offset: int = 0) -> dict:
+    """Returns one streamed piece (with its tokens' logprobs when asked); the last chunk (result given) carries
+    finish_reason, usage and tiers."""
     chunk = {"id": id_, "object": "text_completion", "created": int(time.time()), "model": model,
              "choices": [{"index": 0, "text": text, "finish_reason": result and result.finish_reason,
-                          "logprobs": None}]}
+                          "logprobs": legacy_logprobs(logprobs, offset) if logprobs else None}]}
     if result is not None:
         chunk.update(usage=usage(result), tiers=result.tiers)
     return chunk

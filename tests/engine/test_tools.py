@@ -96,3 +96,22 @@ def test_a_streamed_answer_shows_no_call_markup_and_ends_with_the_calls(make_cac
     assert not isinstance(without, ToolCallStream)
     list(without)
     assert without.result.tool_calls is None
+
+
+def test_tool_answers_are_the_same_in_any_company(make_cache):
+    # Each agent's answer with a grammar (required), lazily (auto) and with penalties, alone and all at once.
+    from tests.engine.test_scheduler import run_in_threads
+
+    cache = make_cache(store=False, parallel=4)
+    asks = [(_ask("Weather in Paris?"), {"tool_choice": "required"}),
+            (_ask("What time is it in CET?"), {"tool_choice": "auto", "repeat_penalty": 1.3}),
+            (_ask("Weather in Oslo and Lima?"), {"tool_choice": "required", "frequency_penalty": 0.5}),
+            (_ask("Hello there."), {"tool_choice": "none", "presence_penalty": 0.5})]
+
+    def answer(item):
+        messages, options = item
+        return cache.chat(messages, tools=TOOLS, max_tokens=40, **options).token_ids
+
+    alone = [answer(item) for item in asks]
+    assert run_in_threads(answer, asks) == alone
+    assert cache.workbench.scheduler.stats.max_batch > 1  # they did run together

@@ -70,10 +70,19 @@ def test_tools_on_completions_are_a_422_pointing_at_chat(client, field, value):
     assert f"{field}=" in message and "/v1/chat/completions" in message
 
 
-@pytest.mark.parametrize("value", [True, 0, 3])  # in the legacy shape 0 asks too
-def test_logprobs_on_completions_is_a_422_pointing_at_chat(client, value):
-    message = _error(client.post("/v1/completions", json=COMPLETION | {"logprobs": value}), 422)
-    assert "/v1/completions does not return log probabilities yet" in message and "/v1/chat/completions" in message
+@pytest.mark.parametrize("value, fragment", [(True, "logprobs=true: on /v1/completions logprobs is an integer"),
+                                             (6, "less than or equal to 5")])
+def test_logprobs_on_completions_not_in_the_legacy_shape_are_a_422_naming_it(client, value, fragment):
+    assert fragment in _error(client.post("/v1/completions", json=COMPLETION | {"logprobs": value}), 422)
+
+
+@pytest.mark.parametrize("top", [0, 3])  # in the legacy shape 0 asks too: the chosen tokens' alone
+def test_completion_logprobs_come_in_the_legacy_shape(client, top):
+    choice = client.post("/v1/completions", json=COMPLETION | {"max_tokens": 5, "logprobs": top}).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"]) and all(len(t) == top for t in logprobs["top_logprobs"])
+    assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(len(logprobs["tokens"]))]
 
 
 @pytest.mark.parametrize("params, model", [(chat_params, ChatRequest), (completion_params, CompletionRequest)])
