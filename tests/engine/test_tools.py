@@ -115,3 +115,21 @@ def test_tool_answers_are_the_same_in_any_company(make_cache):
     alone = [answer(item) for item in asks]
     assert run_in_threads(answer, asks) == alone
     assert cache.workbench.scheduler.stats.max_batch > 1  # they did run together
+
+
+def test_an_agents_own_history_wins_over_another_agents_stream_sharing_its_system_prompt(make_cache):
+    # Agent B's first step takes over agent A's stream (they share the system message and tools);
+    # A's next step must then restore A's own stored turn, not settle for B's shared prefix.
+    cache = make_cache(store=False, parallel=2)
+    a, b = _ask("Weather in Oslo?"), _ask("Time in UTC?")
+    first = cache.chat(a, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=48)
+    cache.wait_idle()
+    cache.chat(b, tools=TOOLS, max_tokens=4)
+    cache.wait_idle()
+    a += [{"role": "assistant", "content": None, "tool_calls": first.tool_calls},
+          {"role": "tool", "tool_call_id": first.tool_calls[0]["id"], "content": '{"sky": "clear"}'}]
+    second = cache.chat(a, tools=TOOLS, max_tokens=4)
+    if cache.conversations.cells.can_cut:  # a sliding-window model keeps no part of a stream: nothing to compare
+        answered = cache.conversations.prompt(a[:3], add_generation_prompt=False, tools=TOOLS)
+        assert second.cached_tokens >= answered.answers[-1][1]  # A's turn up to its call's end
+    assert second.token_ids == cache.chat(a, tools=TOOLS, max_tokens=4, use_cache=False).token_ids

@@ -153,6 +153,19 @@ class ConversationCells:
                     return Found(found[0], cut, found[1], how, found[2])
         return None
 
+    def reach(self, prompt: ChatPrompt, *, at_least: int = 0) -> int:
+        """Returns how many of `prompt`'s first tokens a stored tip would serve (`find` without reading it); 0 for none."""
+        cuts = tuple(cut for cut in prompt.cuts if cut > at_least)
+        for how in ("", ASSEMBLED) if prompt.documents is not None else ("",):
+            digests = prefix_digests(prompt.tokens, prompt.cuts, cuts, how=how)
+            for cut in sorted(cuts, reverse=True):
+                if self.cells.contains(self.key(digests[cut], cut)):
+                    return cut
+                tip = self.tips.holding_prefix(digests[cut])
+                if tip is not None and self.can_cut and self.cells.contains(tip.key):
+                    return cut
+        return 0
+
     def find_edited(self, prompt: ChatPrompt) -> Found | None:
         """Returns a stored tip holding one of `prompt`'s answers (its latest found), kept up to the prefix they share; or None.
 
@@ -230,6 +243,7 @@ class ChatWork:
     _exact_until: int = 0  # after prefill: the cells before it are the full prefill's (or, `how`, as made here)
     _how: str = ""  # how the cells were made (ASSEMBLED: documents encoded apart); "" as the full prefill
     _runs: dict = field(default_factory=dict)  # _moved_runs' answers: (id of the tokens, keep) -> (tokens, runs)
+    _stored_reach: int | None = None  # how far a stored tip serves the prompt (asked once, for every held stream)
 
     def positions(self) -> int:
         return self.prompt.end
@@ -326,7 +340,16 @@ class ChatWork:
         runs = self._moved_runs(held.cells[2], keep)
         if not keep and all(run.length < MIN_MOVED_TOKENS for run in runs):
             return 0  # a stream sharing a few tokens of markup: a stored tip may serve far more (prepare)
-        return keep + sum(run.length for run in runs)
+        reused = keep + sum(run.length for run in runs)
+        # Another conversation's stream sharing only the first messages (an agent's system prompt and
+        # tools) must not win over this conversation's own tip in RAM or on disk, which serves more.
+        return 0 if self._tip_reach() > reused else reused
+
+    def _tip_reach(self) -> int:
+        if self._stored_reach is None:
+            self._stored_reach = self.cells.reach(self.prompt, at_least=self.prompt.documents_end - 1) \
+                if self.use_cache else 0
+        return self._stored_reach
 
     def _reuse(self, held: Head) -> int | None:
         """Returns how many of the held cells this turn keeps as the full prefill's, or None when it can keep none."""
