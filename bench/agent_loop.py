@@ -4,8 +4,12 @@ The agent (issue 54, "Measure"): one system message of ~2,000 tokens (instructio
 notes: NQ-open gold paragraphs read in place from $PC_CPU_EVALDATA, default ../shared/evaldata),
 12 function tools (~1,000 tokens as Qwen2.5's template renders them), one user task; each step
 then appends the assistant's call and the tool's result (~60-90 tokens of JSON), as an agent
-framework sends them back. The calls in the history are scripted (the same for every system), so
-every system sees the same messages at every step; each step's answer is one token (TTFT).
+framework sends them back. --calls generated (the default): each step's call is the one pc_cpu's
+answer made (tool_choice "required", one call, greedy), sent back with a canned result for that
+tool; Llama is held to the same grammar, so it answers the same call from the same tokens, and its
+context then holds it as the agent's next step finds it. --calls scripted: the calls in the
+history are scripted and every answer is one token, so each step computes the call too (pc_cpu as
+a decode call of its own, the layout that keeps an answer's cells the full prefill's).
 
 Systems, on the same tokens, model, threads and context:
 - "pc_cpu": PromptCache.chat(messages, tools=...), Result.ttft_ms. It reuses the conversation's
@@ -160,6 +164,14 @@ def scripted_steps(agent: int, steps: int) -> list[tuple[dict, str]]:
     return steps_out
 
 
+def canned_result(agent: int, name: str) -> str:
+    """Returns what a tool gives back to a call of `name` (the script's result for that tool; a generic one else)."""
+    for call, result in scripted_steps(agent, 8):
+        if call["function"]["name"] == name:
+            return result
+    return json.dumps({"ok": True, "note": f"{name} done", "reference": f"REF{agent}{len(name)}"})
+
+
 class Agent:
     """One agent's conversation: the system message, its task, then a call and a result per step."""
 
@@ -168,9 +180,12 @@ class Agent:
         self.script = scripted_steps(index, steps)
         self.index = index
 
-    def advance(self, step: int) -> None:
-        """Appends step `step`'s call and result (what the agent sends with step `step` + 1)."""
-        call, result = self.script[step]
+    def advance(self, step: int, call: dict | None = None) -> None:
+        """Appends step `step`'s call and its result: `call` as the model made it, else the script's."""
+        if call is None:
+            call, result = self.script[step]
+        else:
+            result = canned_result(self.index, call["function"]["name"])
         self.messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                           {"role": "tool", "tool_call_id": call["id"], "content": result}]
 
@@ -182,23 +197,30 @@ def llama_peer(pc: PromptCache, threads: int):
                 flash_attn=pc.flash_attn, verbose=False)
 
 
-def llama_step(peer, tokens: list[int]) -> dict:
+def llama_step(peer, tokens: list[int], grammar, max_tokens: int) -> dict:
+    """Returns Llama's TTFT on `tokens` (to its first streamed piece; with `grammar`, the answer held to a call)."""
     import time
 
     before = peer._input_ids.tolist()
     t0 = time.perf_counter()
-    peer.create_completion(prompt=tokens, max_tokens=1, temperature=0.0)
-    ms = (time.perf_counter() - t0) * 1000
+    first = None
+    for _ in peer.create_completion(prompt=tokens, max_tokens=max_tokens, temperature=0.0, grammar=grammar,
+                                    stream=True):
+        first = first or time.perf_counter()
+    ms = ((first or time.perf_counter()) - t0) * 1000
     reused = 0
     while reused < min(len(before), len(tokens) - 1) and before[reused] == tokens[reused]:
         reused += 1
     return {"ttft_ms": round(ms, 1), "cached_tokens": reused, "computed_tokens": len(tokens) - reused}
 
 
-def pc_step(pc: PromptCache, messages: list[dict], *, use_cache: bool) -> dict:
-    r = pc.chat(messages, tools=TOOLS, tool_choice="auto", max_tokens=1, use_cache=use_cache)
-    return {"ttft_ms": round(r.ttft_ms, 1), "cached_tokens": r.cached_tokens, "computed_tokens": r.uncached_tokens,
-            "tier": str(r.tiers.get("#conversation", "-"))}
+def pc_step(pc: PromptCache, messages: list[dict], *, use_cache: bool, max_tokens: int) -> tuple[dict, dict | None]:
+    """Returns pc_cpu's record of a step and the call it answered with (None for a one-token answer)."""
+    r = pc.chat(messages, tools=TOOLS, tool_choice="required" if max_tokens > 1 else "auto",
+                parallel_tool_calls=False, max_tokens=max_tokens, use_cache=use_cache)
+    record = {"ttft_ms": round(r.ttft_ms, 1), "cached_tokens": r.cached_tokens, "computed_tokens": r.uncached_tokens,
+              "tier": str(r.tiers.get("#conversation", "-"))}
+    return record, (r.tool_calls[0] if r.tool_calls else None)
 
 
 def run_scenario(model: str, args, system: str, agents: int) -> list[dict]:
@@ -206,6 +228,17 @@ def run_scenario(model: str, args, system: str, agents: int) -> list[dict]:
     store = Path(tempfile.mkdtemp(prefix="pc_cpu_agent_loop_"))
     pc = PromptCache(model, threads=args.threads, parallel=max(4, agents + 1), store=store, n_ctx=args.n_ctx)
     peer = llama_peer(pc, args.threads)
+    generated = args.calls == "generated"
+    grammar = None
+    if generated:  # Llama held to the same calls as pc_cpu ("required", one call): the same answers, greedy
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        from pc_cpu.engine.llama.grammar import tool_call_grammar
+        from pc_cpu.pml.tools import ToolChoice, check_tools
+
+        grammar = LlamaGrammar.from_string(tool_call_grammar(check_tools(TOOLS), ToolChoice("required"),
+                                                             parallel=False), verbose=False)
+    answer_tokens = args.call_tokens if generated else 1
     try:
         warm = [{"role": "user", "content": "Say hi."}]  # first-call allocations, page faults: untimed
         pc.chat(warm, max_tokens=1)
@@ -220,13 +253,15 @@ def run_scenario(model: str, args, system: str, agents: int) -> list[dict]:
                 row = {"agent": agent.index, "step": step + 1, "prompt_tokens": len(tokens),
                        "new_tokens": len(tokens) - before[agent.index]}
                 before[agent.index] = len(tokens)
-                records.append(row | {"system": "pc_cpu", **pc_step(pc, agent.messages, use_cache=True)})
-                pc.wait_idle()
-                records.append(row | {"system": "Llama", **llama_step(peer, tokens)})
+                record, call = pc_step(pc, agent.messages, use_cache=True, max_tokens=answer_tokens)
+                records.append(row | {"system": "pc_cpu", **record})
+                pc.wait_idle()  # the tool runs: pc_cpu repairs the answer's cells meanwhile
+                records.append(row | {"system": "Llama", **llama_step(peer, tokens, grammar, answer_tokens)})
                 if agents == 1 or not args.no_full_interleaved:
-                    records.append(row | {"system": "full prefill", **pc_step(pc, agent.messages, use_cache=False)})
+                    record, _ = pc_step(pc, agent.messages, use_cache=False, max_tokens=1)
+                    records.append(row | {"system": "full prefill", **record})
                     pc.wait_idle()
-                agent.advance(step)
+                agent.advance(step, call if generated else None)
                 print(f"  agent {agent.index} step {step + 1}: " + ", ".join(
                     f"{r['system']} {r['ttft_ms']:.0f} ms ({r['computed_tokens']} computed)"
                     for r in records[-3:] if r["step"] == step + 1 and r["agent"] == agent.index),
@@ -266,6 +301,11 @@ def main(argv=None) -> None:
     parser.add_argument("--system-tokens", type=int, default=2000, help="tokens of the system message (tools add ~1,000)")
     parser.add_argument("--n-ctx", type=int, default=8192)
     parser.add_argument("--no-full-interleaved", action="store_true", help="skip the full prefill when interleaved")
+    parser.add_argument("--calls", choices=("generated", "scripted"), default="generated",
+                        help="generated: each step's call is pc_cpu's answer (tool_choice required, one call; "
+                             "Llama held to the same grammar), sent back with a canned result; scripted: the same "
+                             "calls for every system, each answer one token")
+    parser.add_argument("--call-tokens", type=int, default=64, help="max_tokens of a generated call")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/agent_loop.json")
     parser.add_argument("--quick", action="store_true", help="qwen2.5-coder-0.5b, 3 steps, 2 agents, 1 repeat")
     args = parser.parse_args(argv)

@@ -84,7 +84,7 @@ class Conversations:
         checked = check_messages(messages)
         placing = self._placing(documents, use_cache)
         functions = tools.functions if self._renders_tools(tools) else ()
-        names = [tool["function"]["name"] for tool in functions]
+        names = [tool["function"]["name"] for tool in functions] if tools.choice.mode != "none" else []
         prompt = chat_prompt(checked, self.template, self.model, documents=placing, n_ctx=self._prompts.n_ctx,
                              tools=functions)
         if prompt.end + 1 > self._prompts.n_ctx:
@@ -94,7 +94,7 @@ class Conversations:
 
         def answered(text: str) -> ChatPrompt | None:
             # As the client sends the answer back: its calls as tool_calls, when the turn had tools
-            content, calls = parse_tool_calls(text, names) if functions else (text, ())
+            content, calls = parse_tool_calls(text, names) if names else (text, ())
             try:
                 return chat_prompt(checked + (ChatMessage("assistant", content, calls),), self.template, self.model,
                                    documents=placing, n_ctx=self._prompts.n_ctx, add_generation_prompt=False,

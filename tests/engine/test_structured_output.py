@@ -113,3 +113,16 @@ def test_a_logit_bias_that_names_no_token_is_refused(make_cache, logit_bias, fra
     cache = make_cache(store=False)
     with pytest.raises(PromptCacheError, match=fragment):
         cache.chat(MESSAGES, max_tokens=1, logit_bias=logit_bias)
+
+
+def test_a_greedy_grammar_answer_is_the_same_when_the_grammar_masks_every_token(make_cache, monkeypatch):
+    # The sampler draws first and applies the grammar only to a token it refuses (llama.cpp's way, for
+    # speed); greedy, that must be the very answer of the grammar applied to every token's logits.
+    from pc_cpu.engine.llama.sampler import Sampler
+
+    cache = make_cache(store=False)
+    options = {"max_tokens": 40, "response_format": AS_COLOUR}
+    drawn_first = cache.chat(MESSAGES, **options)
+    monkeypatch.setattr(Sampler, "_grammar_takes", lambda self, token: False)
+    masked_always = cache.chat(MESSAGES, use_cache=False, **options)
+    assert drawn_first.token_ids == masked_always.token_ids

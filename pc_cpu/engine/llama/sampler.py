@@ -1,13 +1,15 @@
 """Gives a llama.cpp sampler chain: a grammar and penalties if asked, then greedy, or temperature with top-k / top-p / min-p and a seed.
 
-The chain's order is llama.cpp's own (common/sampling): the grammar first (tokens it forbids are
-never drawn), then the repetition penalties, then the cut-offs and the draw. Every link is
+The chain's order is llama.cpp's own (common/sampling): logit biases, then the repetition
+penalties, then the cut-offs and the draw; a grammar is applied as llama.cpp's server applies it
+(tokens it forbids are never drawn: see Sampler). Every link is
 deterministic given the logits and the tokens accepted so far, so a cached prompt answers as its
 full prefill does with a grammar and penalties on too.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -138,12 +140,24 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best))
 
 
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data, as C lays it out
+
+
 class Sampler:
-    """Owns one llama_sampler chain."""
+    """Owns one llama_sampler chain, and a grammar sampler beside it when the answer is held to one.
+
+    With a grammar, a token is drawn as llama.cpp's own server draws it (common/sampling.cpp): the
+    chain draws from every token, and only when the grammar refuses that token is the draw made
+    again with the grammar applied to the whole vocabulary. Applying a grammar to 150k tokens at
+    every step is what costs; most drawn tokens are ones the grammar takes. A greedy draw is the
+    same token either way (the grammar only removes tokens); a random one is drawn as llama.cpp
+    draws it. Both are deterministic given the logits and the tokens accepted so far.
+    """
 
     def __init__(self, params: SamplingParams, model=None):
         """`model`: the Model whose vocabulary a grammar or penalties need (pc_cpu.engine.llama.model)."""
         params.validate()
+        self._grammar = None
         self._chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         if params.grammar is not None or params.penalized or params.logit_bias:
             if model is None:
@@ -152,12 +166,14 @@ class Sampler:
         if params.logit_bias:
             self._add(_logit_bias_sampler(model.n_vocab, params.logit_bias))
         if params.grammar is not None:
-            grammar = _grammar_sampler(model, params.grammar, params.grammar_triggers)
-            if not grammar:  # llama.cpp logs the parse error and returns NULL
+            self._grammar = _grammar_sampler(model, params.grammar, params.grammar_triggers)
+            if not self._grammar:  # llama.cpp logs the parse error and returns NULL
+                self._grammar = None
                 self.close()
                 raise PromptCacheError("llama.cpp could not parse the grammar (GBNF); check it, or give a JSON "
                                        "schema instead (response_format)")
-            self._add(grammar)
+            self._n_vocab = model.n_vocab
+            self._ids = np.arange(model.n_vocab, dtype=np.int32)
         if params.penalized:
             self._add(llama_cpp.llama_sampler_init_penalties(model.n_vocab, params.penalty_last_n,
                                                              params.repeat_penalty, params.frequency_penalty,
@@ -180,12 +196,41 @@ class Sampler:
 
     def sample(self, ctx_handle, index: int = -1) -> int:
         """Returns the next token from output `index` of the last decode (and records it in the chain)."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx_handle, index))
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx_handle, index))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx_handle, index), shape=(self._n_vocab,))
+        token = self._draw(logits, grammar=False)
+        if not self._grammar_takes(token):
+            token = self._draw(logits, grammar=True)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _draw(self, logits: np.ndarray, *, grammar: bool) -> int:
+        """Returns the token the chain draws from every token's logits (after the grammar's mask when `grammar`)."""
+        data = np.empty(self._n_vocab, dtype=_TOKEN_DATA)
+        data["id"], data["logit"], data["p"] = self._ids, logits, 0.0
+        candidates = llama_cpp.llama_token_data_array(
+            data.ctypes.data_as(llama_cpp.llama_token_data_p), self._n_vocab, -1, False)
+        if grammar:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        return int(candidates.data[candidates.selected].id)
+
+    def _grammar_takes(self, token: int) -> bool:
+        """Returns whether the grammar, in its present state, allows `token` next."""
+        one = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 1.0, 0.0))
+        single = llama_cpp.llama_token_data_array(one, 1, -1, False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(single))
+        return bool(np.isfinite(one[0].logit))
 
     def close(self) -> None:
         if getattr(self, "_chain", None):
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+        if getattr(self, "_grammar", None):
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
 
     def __del__(self) -> None:
         self.close()
