@@ -126,3 +126,11 @@ def test_a_greedy_grammar_answer_is_the_same_when_the_grammar_masks_every_token(
     monkeypatch.setattr(Sampler, "_grammar_takes", lambda self, token: False)
     masked_always = cache.chat(MESSAGES, use_cache=False, **options)
     assert drawn_first.token_ids == masked_always.token_ids
+
+
+def test_a_json_grammar_admits_no_raw_control_character_in_a_string():
+    # Found by bench/extraction.py: an answer held to the converter's grammar had a raw newline inside a
+    # string ("...this\n "), which JSON forbids, so it did not parse. llama.cpp's converter excludes them.
+    grammar = schema_grammar({"type": "object", "properties": {"a": {"type": "string"}}})
+    (char,) = [line for line in grammar.splitlines() if line.startswith("char ::=")]
+    assert char.startswith('char ::= [^"\\\\\\x7F\\x00-\\x1F]')

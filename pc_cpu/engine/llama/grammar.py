@@ -63,11 +63,22 @@ def schema_grammar(schema: Any) -> str:
     if not isinstance(schema, Mapping):
         raise PromptCacheError(f"a JSON schema must be an object, not {type(schema).__name__}")
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return _strict_strings(json_schema_to_gbnf(json.dumps(schema)))
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
         # The converter asserts what it cannot follow: an unknown type, an unresolved $ref, a bad pattern.
         raise PromptCacheError(f"the JSON schema cannot constrain an answer: {exc or type(exc).__name__}; "
                                "fix it (pc_cpu accepts what llama.cpp's json_schema_to_grammar does)") from None
+
+
+# The converter's string characters admit raw control characters (a newline inside a string), which JSON
+# forbids: an answer held to it could fail to parse. llama.cpp's own converter excludes them, as here.
+_LOOSE_CHAR = 'char ::= [^"\\\\]'
+_STRICT_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F]'
+
+
+def _strict_strings(gbnf: str) -> str:
+    """Returns the converter's grammar with JSON's rule for string characters: no raw control characters."""
+    return gbnf.replace(_LOOSE_CHAR, _STRICT_CHAR)
 
 
 _ROOT = re.compile(r"(?<![\w-])root(?![\w-])")
