@@ -41,7 +41,6 @@ result), pc_cpu d; over steps 2..8 that is 4 + u/d times the tokens.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gzip
 import json
 import os
@@ -53,7 +52,7 @@ from pathlib import Path
 from pc_cpu import PromptCache
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chat_turns import git_commit, machine  # noqa: E402  (bench scripts share these helpers)
+from report_file import new_report, write_report  # noqa: E402  (bench scripts share these helpers)
 
 REPO = Path(__file__).resolve().parent.parent
 EVALDATA = Path(os.environ.get("PC_CPU_EVALDATA", REPO.parent / "shared" / "evaldata"))
@@ -311,9 +310,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.steps, args.agents, args.repeats = ["qwen2.5-coder-0.5b"], 3, 2, 1
-    report = {"date": datetime.date.today().isoformat(), "commit": git_commit(), "machine": machine(),
-              "command": "python bench/agent_loop.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "models": {}}
+    report = new_report("agent_loop.py", argv)
     missed = []
     for model in args.model or DEFAULT_MODELS:
         probe = PromptCache(model, threads=args.threads, n_ctx=args.n_ctx, store=False)
@@ -342,12 +339,7 @@ def main(argv=None) -> None:
         report["models"][model] = entry
         print(f"{model}: single pc_cpu/Llama {single:.2f}x (median, steps 2+); interleaved Llama/pc_cpu "
               f"{inter:.1f}x (total, steps 2+); pc_cpu computed per step {computed}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}", flush=True)
-    if missed:
-        print("missed: " + "; ".join(missed), flush=True)
-        raise SystemExit(1)
+    write_report(report, args.out, missed)
 
 
 if __name__ == "__main__":

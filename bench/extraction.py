@@ -26,7 +26,6 @@ median over items, with and without; the difference is what the grammar sampler 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gzip
 import json
 import os
@@ -40,7 +39,7 @@ from pc_cpu import PromptCache
 from pc_cpu.benchmarks.scoring import best_subspan_em, normalize_answer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chat_turns import git_commit, machine  # noqa: E402  (bench scripts share these helpers)
+from report_file import new_report, write_report  # noqa: E402  (bench scripts share these helpers)
 
 REPO = Path(__file__).resolve().parent.parent
 EVALDATA = Path(os.environ.get("PC_CPU_EVALDATA", REPO.parent / "shared" / "evaldata"))
@@ -163,9 +162,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.items, args.cost_items = 10, 5
-    report = {"date": datetime.date.today().isoformat(), "commit": git_commit(), "machine": machine(),
-              "command": "python bench/extraction.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "models": {}}
+    report = new_report("extraction.py", argv)
     missed = []
     for model in args.model or ["qwen2.5-coder-0.5b"]:
         entry = run(model, args)
@@ -174,12 +171,7 @@ def main(argv=None) -> None:
         print(json.dumps({model: s}, indent=1), flush=True)
         missed += [f"{model} {name}: {s[name]['valid_json']:.1%} valid JSON" for name in ("cached", "full prefill")
                    if s[name]["valid_json"] < 1]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}", flush=True)
-    if missed:
-        print("missed: " + "; ".join(missed), flush=True)
-        raise SystemExit(1)
+    write_report(report, args.out, missed)
 
 
 if __name__ == "__main__":

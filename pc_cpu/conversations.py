@@ -10,6 +10,7 @@ cells of the conversation's earlier turns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -121,7 +122,7 @@ class Conversations:
         """
         if not tools.functions:
             return sampling
-        opening = self._opening_token()
+        opening = self._opening
         if tools.choice.mode == "none":
             if opening is None:
                 return sampling
@@ -137,14 +138,15 @@ class Conversations:
         Sampler(sampling, self.model).close()  # a grammar llama.cpp refuses is refused here, not mid-run
         return sampling
 
-    def _opening_token(self) -> int | None:
+    @functools.cached_property
+    def _opening(self) -> int | None:
         """Returns the one token a call's opening is (Qwen2.5's <tool_call>), or None when it takes more."""
         tokens = self.model.tokenize(OPEN, special=True)
         return tokens[0] if len(tokens) == 1 else None
 
     def _renders_tools(self, tools: Tools) -> bool:
         """Returns whether the turn's prompt shows the tools (with "none", only when the sampler can ban a call)."""
-        return bool(tools.functions) and (tools.choice.mode != "none" or self._opening_token() is not None)
+        return bool(tools.functions) and (tools.choice.mode != "none" or self._opening is not None)
 
     def _placing(self, documents: Sequence[str] | None, use_cache: bool) -> list[DocumentToPlace]:
         """Returns the named documents as the first user message places them, each with its stand-ins; [] for none."""

@@ -282,11 +282,7 @@ def chat_prompt(messages: Sequence[ChatMessage], template: ChatTemplate, tokeniz
         if documents:
             raise PromptError("this model's chat template rewrites messages, so documents cannot be placed in a "
                               "conversation with it; ask one question over them instead (ask, pc-cpu ask)")
-        tokens = bos + tokenizer.tokenize(rendered, special=True)
-        if continued is None or not continued.content:
-            return ChatPrompt(tuple(tokens), ((0, len(tokens)),), ())
-        pieces = [(rendered, None)]
-        tokens = list(bos)
+        pieces = [(rendered, None)]  # one piece of markup: one call (and a continued answer's text after it)
     if continued is not None and continued.content:
         pieces.append((continued.content, continued))
     tokens, answers, placed, bounds = list(bos), [], None, []

@@ -38,11 +38,6 @@ class ToolChoice:
     mode: str = "auto"
     name: str | None = None  # with mode "function": the one function the answer calls
 
-    @property
-    def forced(self) -> bool:
-        """Returns whether the answer must be calls (required, or a named function)."""
-        return self.mode in ("required", "function")
-
 
 @dataclass(frozen=True)
 class ToolCall:

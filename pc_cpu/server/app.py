@@ -276,7 +276,8 @@ async def _choices(feeds: Feeds, request: Request, answer: Callable, options: li
     """
     results = []
     for choice in options:
-        result = await _answer(feeds.open(lambda: answer(choice)), request, False, whole=lambda r: r, chunk=None)
+        result = await _answer(feeds.open(lambda choice=choice: answer(choice)), request, False, whole=lambda r: r,
+                               chunk=None)
         if isinstance(result, JSONResponse):
             return result
         results.append(result)

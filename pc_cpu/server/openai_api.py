@@ -242,7 +242,7 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_tools(cls, data):
+    def _completion_fields(cls, data):
         if isinstance(data, dict):
             asked = [f"{name}={_shown(data[name])}" for name in ("tools", "tool_choice", "parallel_tool_calls")
                      if data.get(name) not in (None, [], "none")]

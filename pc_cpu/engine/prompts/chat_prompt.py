@@ -144,27 +144,30 @@ class ConversationCells:
 
     def find(self, prompt: ChatPrompt, *, at_least: int = 0) -> Found | None:
         """Returns the stored cells that serve most of `prompt` (up to a call boundary past `at_least`), or None."""
-        cuts = tuple(cut for cut in prompt.cuts if cut > at_least)
-        for how in ("", ASSEMBLED) if prompt.documents is not None else ("",):
-            digests = prefix_digests(prompt.tokens, prompt.cuts, cuts, how=how)
-            for cut in sorted(cuts, reverse=True):
-                found = self._stored(digests[cut], cut)
-                if found is not None:
-                    return Found(found[0], cut, found[1], how, found[2])
+        for cut, digest, how in self._prefixes(prompt, at_least):
+            found = self._stored(digest, cut)
+            if found is not None:
+                return Found(found[0], cut, found[1], how, found[2])
         return None
 
     def reach(self, prompt: ChatPrompt, *, at_least: int = 0) -> int:
         """Returns how many of `prompt`'s first tokens a stored tip would serve (`find` without reading it); 0 for none."""
-        cuts = tuple(cut for cut in prompt.cuts if cut > at_least)
+        for cut, digest, _ in self._prefixes(prompt, at_least):
+            if self.cells.contains(self.key(digest, cut)):
+                return cut
+            tip = self.tips.holding_prefix(digest)
+            if tip is not None and self.can_cut and self.cells.contains(tip.key):
+                return cut
+        return 0
+
+    @staticmethod
+    def _prefixes(prompt: ChatPrompt, at_least: int):
+        """Yields (cut, digest, how) of `prompt`'s prefixes ending on a call boundary past `at_least`, longest first."""
+        cuts = sorted((cut for cut in prompt.cuts if cut > at_least), reverse=True)
         for how in ("", ASSEMBLED) if prompt.documents is not None else ("",):
             digests = prefix_digests(prompt.tokens, prompt.cuts, cuts, how=how)
-            for cut in sorted(cuts, reverse=True):
-                if self.cells.contains(self.key(digests[cut], cut)):
-                    return cut
-                tip = self.tips.holding_prefix(digests[cut])
-                if tip is not None and self.can_cut and self.cells.contains(tip.key):
-                    return cut
-        return 0
+            for cut in cuts:
+                yield cut, digests[cut], how
 
     def find_edited(self, prompt: ChatPrompt) -> Found | None:
         """Returns a stored tip holding one of `prompt`'s answers (its latest found), kept up to the prefix they share; or None.
