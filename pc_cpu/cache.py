@@ -41,7 +41,7 @@ from pc_cpu.engine.runtime.scheduler import Job, Scheduler
 from pc_cpu.errors import PromptCacheError
 from pc_cpu.memory import DEFAULT_DISK_BYTES, DEFAULT_PARALLEL, DEFAULT_RAM_BYTES, MemoryUse, memory_use
 from pc_cpu.model_path import resolve_model_path
-from pc_cpu.opening import cache_ropes, open_contexts, open_store
+from pc_cpu.opening import cache_ropes, open_contexts, open_library, open_store
 from pc_cpu.options import GenerationOptions
 from pc_cpu.pml.encoding import check_mode
 from pc_cpu.pml.plan import Plan, build_plan
@@ -53,8 +53,9 @@ from pc_cpu.progress import ProgressCallback, paced
 from pc_cpu.result import AddedDocument, Result
 from pc_cpu.schemas import Schemas
 from pc_cpu.stats import CacheStats, TierStats
-from pc_cpu.store.disk import DiskStore
-from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, Document, check_max_documents, library_directory
+from pc_cpu.store.document_library import DEFAULT_MAX_DOCUMENTS, Document, check_max_documents
+from pc_cpu.store.redis_link import remote_url
+from pc_cpu.store.remote import DEFAULT_REMOTE_BYTES
 from pc_cpu.store.resident import ResidentTier
 from pc_cpu.stream import Stream, ToolCallStream
 from pc_cpu.workbench import PROMPT_SEQ, PrefilledPrompt, Workbench
@@ -69,7 +70,8 @@ class PromptCache:
                  encoding: str = "preamble",
                  flash_attn: bool | None = None, store: str | os.PathLike | bool | None = None,
                  ram_bytes: int = DEFAULT_RAM_BYTES, disk_bytes: int = DEFAULT_DISK_BYTES, batch_invariant: bool = True,
-                 max_documents: int = DEFAULT_MAX_DOCUMENTS, verbose: bool = False):
+                 max_documents: int = DEFAULT_MAX_DOCUMENTS, remote_store: str | bool | None = None,
+                 remote_bytes: int = DEFAULT_REMOTE_BYTES, store_fallback: str | None = None, verbose: bool = False):
         """Loads the model and creates the context.
 
         Args:
@@ -98,29 +100,40 @@ class PromptCache:
                 second, and an answer can then change with the prompts beside it (pc_cpu.engine.runtime.scheduler).
             max_documents: documents the library holds at most (pc_cpu.store.document_library); adding a new
                 text beyond them is refused (DocumentLimitError).
+            remote_store: a Redis (or Valkey) URL shared with other servers, a tier below RAM and disk
+                (pc_cpu.store.remote): redis://host:6379/0, rediss:// for TLS, redis://user:password@host
+                for AUTH. Every new encoding is written through to it and a local miss reads it; the
+                document library lives there. None: $PC_CPU_REMOTE_STORE if set; False: none.
+            remote_bytes: pc_cpu's bytes in that Redis at most (8 GiB), least recently used evicted by pc_cpu.
+            store_fallback: None: a remote store that does not answer at start is an error
+                (StoreUnavailableError); "local": a warning, and the local tiers serve until it answers.
             verbose: show llama.cpp's own log.
         """
         mode = check_mode(encoding)
         check_max_documents(max_documents)  # before the model loads: a mistake fails fast
         map_large_blocks_apart()  # freed blobs of cells go back to the OS (pc_cpu.allocator)
         roles = SequenceRoles.for_contexts(parallel, n_seq_max)  # before the model loads, too
-        self.model, self._ctx, self._prompts = open_contexts(
-            Model(resolve_model_path(model), verbose=verbose), roles,
-            lambda model: ContextConfig(n_ctx=n_ctx or min(model.info.n_ctx_train or 8192, 8192),
-                                        n_seq_max=n_seq_max, threads=threads,
-                                        flash_attn=default_flash_attn(model.info) if flash_attn is None else flash_attn))
+        # Before the model loads: a store that cannot open (a disk not writable, a Redis down) fails fast.
+        self.store = open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes, remote=remote_url(remote_store),
+                                remote_bytes=remote_bytes, fallback=store_fallback)
+        try:
+            self.model, self._ctx, self._prompts = open_contexts(
+                Model(resolve_model_path(model), verbose=verbose), roles,
+                lambda model: ContextConfig(n_ctx=n_ctx or min(model.info.n_ctx_train or 8192, 8192),
+                                            n_seq_max=n_seq_max, threads=threads,
+                                            flash_attn=default_flash_attn(model.info) if flash_attn is None else flash_attn))
+        except Exception:
+            self.store.close()
+            raise
         markup = markup_from_template(self.model.chat_template(), bos_token=self.model.bos_text(),
                                       eos_token=self.model.eos_text())
         resident = ResidentTier(list(roles.libraries))
-        self.store = open_store(store, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
-        disk = next((tier for tier in self.store.tiers if isinstance(tier, DiskStore)), None)
         ropes = cache_ropes(self.model)
         self._locks = ContextLocks()
         self._lock = self._locks.context  # one thread at a time calls into the contexts, in arrival order
         self._blender = LazyBlender(self._ctx, resident.idle_seqs, roles.scratch)  # probe: on first select:
         self.documents = Documents(self.model, markup, self._prompts, roles, self.store, ropes, self._lock,
-                                   library_dir=library_directory(disk) if disk is not None else None,
-                                   max_documents=max_documents,
+                                   library=open_library(self.store, max_documents=max_documents),
                                    library_room=LibraryRoom(self._ctx, roles.slots, resident.idle_seqs,
                                                             together=1 if self.model.info.n_swa else None),
                                    probe=lambda: self._blender.get().probe)
@@ -146,6 +159,7 @@ class PromptCache:
         self._prompts.close()
         self._ctx.close()
         self.model.close()
+        self.store.close()
 
     def __enter__(self) -> "PromptCache":
         return self
@@ -305,8 +319,15 @@ class PromptCache:
             return self.documents.remove(id_or_name)
 
     def list_documents(self) -> list[Document]:
-        """Returns every document of the library (id, text, names, added), oldest first."""
-        return self.documents.library.all()
+        """Returns every document of the library (id, text, names, added), oldest first, as it is now.
+
+        Read again from the shelf: other processes sharing the store (or its Redis) add and remove
+        documents too; while a shared Redis is down, as last read.
+        """
+        library = self.documents.library
+        with self._lock:
+            library.refresh()
+            return library.all()
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],
             system: str | None = None, order: str | None = None, setting: str | None = None,

@@ -52,6 +52,11 @@ def _open_cache(model, n_ctx, threads, encoding, verbose, store=None, flash_attn
                        flash_attn=FLASH_ATTN[flash_attn], **options)
 
 
+def _remote(url: str | None) -> str | bool:
+    """Returns PromptCache's remote_store for --remote-store: the URL, or False (click has read $PC_CPU_REMOTE_STORE)."""
+    return url if url else False
+
+
 def _open_disk_store(store_dir):
     from pc_cpu.store.disk import DiskStore  # no model needed to manage the files
 
@@ -76,6 +81,22 @@ ctx_option = click.option("--n-ctx", type=click.IntRange(64, 1 << 20), default=N
 verbose_option = click.option("--verbose", is_flag=True, help="Show llama.cpp's own log, and an error's traceback.")
 store_option = click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
                             help="Directory of encoded modules (default: $PC_CPU_STORE_DIR, else ~/.cache/pc_cpu/store).")
+remote_store_option = click.option(
+    "--remote-store", "remote_store", envvar="PC_CPU_REMOTE_STORE", default=None, metavar="URL",
+    help="A Redis (or Valkey) shared with other servers, below RAM and --store: redis://host:6379/0, rediss:// for "
+         "TLS, redis://user:password@host for AUTH (default: $PC_CPU_REMOTE_STORE). README: \"Serving from several "
+         "machines\".")
+store_fallback_option = click.option(
+    "--store-fallback", type=click.Choice(["local"]), default=None,
+    help="local: when --remote-store does not answer at start, warn and serve from the local tiers until it does "
+         "(default: refuse to start).")
+
+
+def remote_store_options(command):
+    """Adds --remote-store and --store-fallback: the shared tier of a command that opens a cache."""
+    return remote_store_option(store_fallback_option(command))
+
+
 class ByteSize(click.ParamType):
     """A number of bytes, written plainly or with a unit: 512M, 2G, 1.5GiB (powers of 1024), 0."""
 
@@ -140,17 +161,18 @@ def cli(verbose) -> None:
 @flash_attn_option
 @store_option
 @no_store_option
+@remote_store_options
 @json_option
 @verbose_option
 def run(prompt, schemas, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, encoding, recompute,
-        n_ctx, threads, flash_attn, store_dir, no_store, as_json, verbose):
+        n_ctx, threads, flash_attn, store_dir, no_store, remote_store, store_fallback, as_json, verbose):
     """Answer PROMPT (a PML file, PML text, or - for stdin) using the modules of --schema files.
 
     Example: pc-cpu run '<prompt schema="demo"><harbor/><user>Who kept the light?</user></prompt>' --schema demo.pml
     """
     prompt_pml = _read_source(prompt, "prompt")
     with _open_cache(model, n_ctx, threads, encoding, verbose, store=False if no_store else store_dir,
-                     flash_attn=flash_attn) as pc:
+                     flash_attn=flash_attn, remote_store=_remote(remote_store), store_fallback=store_fallback) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar())
         plan = pc.plan(prompt_pml, recompute=recompute)
@@ -213,10 +235,12 @@ def _report(result, as_json: bool, what: str) -> None:
 @flash_attn_option
 @store_option
 @no_store_option
+@remote_store_options
 @json_option
 @verbose_option
 def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, recompute, order,
-        setting, prefix, encoding, json_schema, n_ctx, threads, flash_attn, store_dir, no_store, as_json, verbose):
+        setting, prefix, encoding, json_schema, n_ctx, threads, flash_attn, store_dir, no_store, remote_store,
+        store_fallback, as_json, verbose):
     """Answer QUESTION (or - for stdin) from the --doc files, each encoded once and kept in the store.
 
     Each file becomes a document of the store's library, named by its file name; asking
@@ -235,7 +259,7 @@ def ask(question, docs, system, model, max_tokens, temperature, top_k, top_p, se
         raise PromptCacheError(f"--setting {setting} chooses the recompute policy and order itself; give --setting "
                                "or --recompute/--order, not both")
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir,
-                     flash_attn=flash_attn) as pc:
+                     flash_attn=flash_attn, remote_store=_remote(remote_store), store_fallback=store_fallback) as pc:
         # Refused before any document is encoded (minutes, on a long library): a prompt that cannot fit, a taken name.
         pc.documents.prompt(question, [text for _, text in files], system=system,
                            names=[Path(path).name for path, _ in files])
@@ -354,9 +378,10 @@ def _add_documents(pc, files, system) -> tuple[list[str], dict[str, str]]:
 @flash_attn_option
 @store_option
 @no_store_option
+@remote_store_options
 @verbose_option
 def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop, no_cache, json_schema, n_ctx, threads,
-         flash_attn, store_dir, no_store, verbose):
+         flash_attn, store_dir, no_store, remote_store, store_fallback, verbose):
     """Talk with the model: each line read is a message, each answer streams back; the history is kept.
 
     Each turn reuses the cells of the turns before it, so it computes only the new message:
@@ -369,7 +394,7 @@ def chat(docs, system, model, max_tokens, temperature, top_k, top_p, seed, stop,
     files = [(path, _read_document(path)) for path in docs]  # before the model loads: a mistake fails fast
     response_format = _response_format(json_schema)
     with _open_cache(model, n_ctx, threads, "preamble", verbose, store=False if no_store else store_dir,
-                     flash_attn=flash_attn) as pc:
+                     flash_attn=flash_attn, remote_store=_remote(remote_store), store_fallback=store_fallback) as pc:
         ids = None
         if files:
             _check_names(pc, files)
@@ -539,10 +564,15 @@ def _show_demo(question: str, what: str, cached, baseline, as_json: bool) -> Non
               help="Budget of the RAM tier (encoded cells kept in memory; 512M, 2G, ...).")
 @click.option("--disk-bytes", type=ByteSize(), default=f"{DEFAULT_DISK_BYTES >> 30}G", show_default=True,
               help="Budget of the disk tier (--store).")
+@remote_store_options
+@click.option("--remote-bytes", type=ByteSize(), default="8G", show_default=True,
+              help="pc_cpu's bytes in the --remote-store Redis at most (every server's together; give each the same), "
+                   "least recently used evicted by pc_cpu.")
 @encoding_option
 @verbose_option
 def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_documents, schemas, model, n_ctx, threads,
-          flash_attn, store_dir, parallel, ram_bytes, disk_bytes, encoding, verbose):
+          flash_attn, store_dir, parallel, ram_bytes, disk_bytes, remote_store, store_fallback, remote_bytes, encoding,
+          verbose):
     """Serve an OpenAI-style HTTP API: /v1/completions (PML prompts), /v1/chat/completions, /v1/schemas, /v1/documents.
 
     Example: PC_CPU_API_KEY=secret pc-cpu serve --schema demo.pml --port 8000
@@ -557,7 +587,8 @@ def serve(host, port, api_key, insecure, max_body_bytes, max_schemas, max_docume
     api_key = check_api_key(api_key) if api_key else None
     check_exposure(host, api_key, insecure=insecure)  # before the model loads: a refusal should be quick
     with _open_cache(model, n_ctx, threads, encoding, verbose, store=store_dir, max_documents=max_documents,
-                     flash_attn=flash_attn, parallel=parallel, ram_bytes=ram_bytes, disk_bytes=disk_bytes) as pc:
+                     flash_attn=flash_attn, parallel=parallel, ram_bytes=ram_bytes, disk_bytes=disk_bytes,
+                     remote_store=_remote(remote_store), store_fallback=store_fallback, remote_bytes=remote_bytes) as pc:
         for schema in schemas:
             pc.load_schema(_read_source(schema, "schema"), progress=EncodeProgressBar(quiet_s=0))
         click.echo(f"serving on http://{host}:{port}  (OpenAI base_url: http://{host}:{port}/v1)"
@@ -590,7 +621,7 @@ def models(as_json):
 
 @cli.group()
 def store():
-    """Manage encoded modules and documents saved on disk (the store's slowest tier).
+    """Manage stored cells and documents: the disk tier (--store), or a shared Redis (--remote-store).
 
     Example: pc-cpu store ls --store ~/.cache/pc_cpu/store
     """
@@ -598,16 +629,17 @@ def store():
 
 @store.command("ls")
 @store_option
+@remote_store_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
-def store_ls(store_dir, as_json):
+def store_ls(store_dir, remote_store, as_json):
     """List stored modules and documents' encodings, least recently used first."""
     from pc_cpu.store.document_library import labelled_document
 
-    disk = _open_disk_store(store_dir)
-    listing = disk.ls()
-    names = _document_names(disk)
+    tier, library = _open_tier(store_dir, remote_store)
+    listing = tier.ls()
+    names = {} if library is None else {doc.id: list(doc.names) for doc in library.all()}
     for item in listing:
-        row = {"id": item.path.stem, "module": item.key.label, "mode": item.key.mode, "tokens": item.n_tokens,
+        row = {"id": item.id, "module": item.key.label, "mode": item.key.mode, "tokens": item.n_tokens,
                "positions": list(item.positions), "bytes": item.size_bytes, "content": item.key.content[:12],
                "model": item.key.model[:12], "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(item.last_used))}
         doc_id = labelled_document(item.key.label)
@@ -619,7 +651,7 @@ def store_ls(store_dir, as_json):
                    f"{_human_bytes(row['bytes']):>10}  {row['last_used']}")
     if not as_json:
         click.echo(f"{len(listing)} entries, {_human_bytes(sum(i.size_bytes for i in listing))}", err=True)
-    unusable = disk.unusable()  # left in place by the open; saying so keeps the count above honest
+    unusable = tier.unusable() if hasattr(tier, "unusable") else []  # left in place by the open: the count says so
     if unusable:
         click.echo(f"{len(unusable)} file(s) not listed: unusable, or left by interrupted writes; "
                    "`pc-cpu store verify` names them", err=True)
@@ -627,23 +659,25 @@ def store_ls(store_dir, as_json):
 
 @store.command()
 @store_option
-@click.option("--delete", is_flag=True, help="Also delete the bad files and orphaned temp files.")
-def verify(store_dir, delete):
-    """Check every stored file (header, checksums, cells) and find temp files of interrupted writes.
+@remote_store_option
+@click.option("--delete", is_flag=True, help="Also delete the bad entries and orphaned temp files.")
+def verify(store_dir, remote_store, delete):
+    """Check every stored entry (header, checksums, cells) and find temp files of interrupted writes.
 
-    Lists each bad file; deletes nothing unless --delete. Exit code 1 if any is found.
+    Lists each bad one; deletes nothing unless --delete. Exit code 1 if any is found.
 
     Example: pc-cpu store verify --delete
     """
-    disk = _open_disk_store(store_dir)
-    library = _document_library(disk)
-    bad = disk.verify(delete=delete) + (library.verify(delete=delete) if library is not None else [])
+    tier, library = _open_tier(store_dir, remote_store)
+    bad = tier.verify(delete=delete) + (library.verify(delete=delete) if library is not None else [])
     for item in bad:
         done = " (deleted)" if item.deleted else ""
-        click.echo(f"bad: {item.path.relative_to(disk.directory)}: {item.reason}: {item.message}{done}")
+        where = item.id if hasattr(item, "id") else item.path.relative_to(tier.directory)
+        click.echo(f"bad: {where}: {item.reason}: {item.message}{done}")
     deleted = sum(item.deleted for item in bad)
     kept = f", {len(bad) - deleted} could not be deleted" if delete and deleted < len(bad) else ""
-    click.echo(f"{len(bad)} bad file(s){f', {deleted} deleted' if delete else ''}{kept}", err=True)
+    what = "entries" if hasattr(tier, "shown") else "file(s)"  # Redis holds entries; a directory, files
+    click.echo(f"{len(bad)} bad {what}{f', {deleted} deleted' if delete else ''}{kept}", err=True)
     if bad:
         sys.exit(1)
 
@@ -651,35 +685,56 @@ def verify(store_dir, delete):
 @store.command()
 @click.argument("ids", nargs=-1, required=True, metavar="ID_OR_NAME...")
 @store_option
-def rm(ids, store_dir):
+@remote_store_option
+def rm(ids, store_dir, remote_store):
     """Remove stored modules by id (a prefix of the id `ls` shows is enough), or documents by id or name.
 
     A document (doc-..., or the name it was added with, e.g. its file name) loses its library
     entry and every encoding of it; other documents and modules are untouched.
     """
-    disk = _open_disk_store(store_dir)
+    tier, library = _open_tier(store_dir, remote_store)
     for prefix in ids:
-        if _remove_document(disk, prefix):
+        if _remove_document(tier, library, prefix):
             continue
         try:
-            entry = disk.entry_with_id(prefix)
+            entry = tier.entry_with_id(prefix)
         except UnknownEntryError as exc:
             if exc.matches:
                 raise
             raise UnknownEntryError(f"{exc}, and no document has it as id or name") from None
-        disk.remove(entry.key)
-        click.echo(f"removed {entry.path.stem[:12]} ({entry.key.label})")
+        tier.remove(entry.key)
+        click.echo(f"removed {entry.id[:12]} ({entry.key.label})")
 
 
 @store.command()
 @store_option
+@remote_store_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def clear(store_dir, yes):
-    """Delete every stored module, and temp files that interrupted writes left behind."""
-    disk = _open_disk_store(store_dir)
+def clear(store_dir, remote_store, yes):
+    """Delete every stored module, and temp files that interrupted writes left behind (the document library stays)."""
+    tier, _ = _open_tier(store_dir, remote_store)
     if not yes:
-        click.confirm(f"delete every stored module in {disk.directory}?", abort=True)
-    click.echo(f"removed {disk.clear()} entries")
+        click.confirm(f"delete every stored entry in {_where(tier)}?", abort=True)
+    click.echo(f"removed {tier.clear()} entries")
+
+
+def _open_tier(store_dir, remote_store):
+    """Returns the tier the store commands manage and its document library (None when it has none; nothing is created).
+
+    --remote-store (or $PC_CPU_REMOTE_STORE): the shared Redis and its library; otherwise the disk tier.
+    """
+    if remote_store:
+        from pc_cpu.opening import open_remote
+        from pc_cpu.store.document_library import DocumentLibrary
+
+        remote = open_remote(remote_store, budget_bytes=1 << 62, fallback=None)  # lists and deletes: no budget
+        return remote, DocumentLibrary(shelf=remote.library_shelf())
+    disk = _open_disk_store(store_dir)
+    return disk, _document_library(disk)
+
+
+def _where(tier) -> str:
+    return getattr(tier, "shown", None) or str(tier.directory)
 
 
 def _document_library(disk):
@@ -690,17 +745,11 @@ def _document_library(disk):
     return DocumentLibrary(directory) if directory.is_dir() else None
 
 
-def _document_names(disk) -> dict[str, list[str]]:
-    """Returns the names of each document of the store's library, by id."""
-    library = _document_library(disk)
-    return {} if library is None else {doc.id: list(doc.names) for doc in library.all()}
-
-
-def _remove_document(disk, id_or_name: str) -> bool:
-    """Removes a document (its library file, and its encodings from the disk store); False if none matches."""
+def _remove_document(tier, library, id_or_name: str) -> bool:
+    """Removes a document (its library entry, and its encodings from the tier); False if none matches."""
     from pc_cpu.store.document_library import remove_document
 
-    removed = remove_document(_document_library(disk), [disk], id_or_name)
+    removed = remove_document(library, [tier], id_or_name)
     if removed is None:
         return False
     names = f" ({', '.join(removed.names)})" if removed.names else ""

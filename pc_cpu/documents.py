@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 from pc_cpu.engine.prompts.document_prompt import DocumentWork
@@ -59,14 +58,14 @@ class Documents:
     """The documents of one PromptCache: their library, tokens and encoders, on one model and its prompt context."""
 
     def __init__(self, model: Model, markup: RoleMarkup, prompts: Context, roles: SequenceRoles, store: TieredStore,
-                 ropes: tuple[RopeParams, ...] | None, lock: FairLock, *, library_dir: Path | None, max_documents: int,
+                 ropes: tuple[RopeParams, ...] | None, lock: FairLock, *, library: DocumentLibrary,
                  library_room: LibraryRoom | None = None, probe: Callable[[], Probe] | None = None):
         self.model = model
         self._lock = lock  # the façade's: library reads and the encoder's calls hold it
         self.markup = markup
         self.prompts = prompts
         self.store = store
-        self.library = DocumentLibrary(library_dir, max_documents=max_documents)
+        self.library = library  # pc_cpu.opening.open_library: beside the disk tier, in memory, or in a shared Redis
         self.library.delete_orphans()  # this cache writes it: cleans up after a process killed mid-add
         # Questions are assembled in the encoder's workspace; add_document computes in a stream of its
         # own, batch by batch between the scheduler's steps, so it never waits for the workspace.
@@ -162,6 +161,7 @@ class Documents:
         """Returns the library's documents of these ids or names, in the order given."""
         if isinstance(documents, str):
             raise DocumentError("documents must be a list of ids or names, not one string; e.g. documents=[id]")
+        self.library.catch_up()  # another server sharing the Redis may have removed or renamed one
         return [self.library.resolve(d) for d in documents]
 
     def work(self, question: str, placing: Sequence[DocumentToPlace], *, names: Sequence[str], system: str | None,

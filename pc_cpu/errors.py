@@ -116,6 +116,16 @@ class StoreError(PromptCacheError):
     """The module store cannot keep an entry (too large for a tier's budget, disk not writable)."""
 
 
+class StoreUnavailableError(PromptCacheError):
+    """A shared store (a Redis server) cannot be reached now; the message names it (its URL, password left out).
+
+    Raised when a cache opens one that is down (without store_fallback="local"), and when what
+    only the shared store may change (the document library's names) is asked while it is down;
+    reading and computing cells never raise it (local tiers serve, or the cells are computed).
+    The server answers it with 503.
+    """
+
+
 class UnknownEntryError(PromptCacheError):
     """No stored entry has the id given (or a prefix of it names several): `pc-cpu store ls` lists them.
 

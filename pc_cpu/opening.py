@@ -1,4 +1,4 @@
-"""Opens what a PromptCache runs on: the model's two llama.cpp contexts, the byte tiers, the RoPE of saved cells.
+"""Opens what a PromptCache runs on: the model's two llama.cpp contexts, the byte tiers and library, the RoPE of saved cells.
 
 Each opener closes what it opened when a later step fails, so a refused configuration leaks no
 model or context.
@@ -6,6 +6,7 @@ model or context.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -13,11 +14,15 @@ from pc_cpu.engine.cells.streams import open_prompt_streams
 from pc_cpu.engine.llama.context import Context, ContextConfig
 from pc_cpu.engine.llama.model import Model
 from pc_cpu.engine.llama.sequences import SequenceRoles
-from pc_cpu.errors import ContextBeyondTrainingError, PromptCacheError
+from pc_cpu.errors import ConfigError, ContextBeyondTrainingError, PromptCacheError, StoreUnavailableError
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.disk import DiskStore, default_store_dir
+from pc_cpu.store.document_library import DocumentLibrary, library_directory
 from pc_cpu.store.ram import RamStore
+from pc_cpu.store.remote import DEFAULT_REMOTE_BYTES, RemoteStore
 from pc_cpu.store.tiers import TieredStore
+
+log = logging.getLogger(__name__)
 
 
 def open_contexts(model: Model, roles: SequenceRoles,
@@ -69,15 +74,55 @@ def cache_ropes(model: Model) -> tuple[RopeParams, ...] | None:
         return None
 
 
-def open_store(store, *, ram_bytes: int, disk_bytes: int) -> TieredStore:
-    """Returns the byte tiers: RAM (unless its budget is 0), then disk unless `store` is False."""
-    if ram_bytes == 0 and store is False:
+STORE_FALLBACKS = (None, "local")
+
+
+def open_store(store, *, ram_bytes: int, disk_bytes: int, remote: str | None = None,
+               remote_bytes: int = DEFAULT_REMOTE_BYTES, fallback: str | None = None) -> TieredStore:
+    """Returns the byte tiers: RAM (unless its budget is 0), then disk unless `store` is False, then `remote` if given.
+
+    Args:
+        remote: the URL of a shared Redis (pc_cpu.store.remote); it must answer now, unless
+            `fallback` is "local": then a warning, and the local tiers serve until it does.
+
+    Raises:
+        StoreUnavailableError: `remote` does not answer (without fallback="local").
+    """
+    if fallback not in STORE_FALLBACKS:
+        raise ConfigError(f"store_fallback={fallback!r}: give None (a shared store that is down at start is an error) "
+                          "or \"local\" (serve from the local tiers until it is back)")
+    if ram_bytes == 0 and store is False and remote is None:
         raise PromptCacheError("ram_bytes=0 with store=False leaves nowhere to keep encoded cells; give the RAM "
                                "tier a budget or keep the disk store")
-    tiers = [RamStore(ram_bytes)] if ram_bytes else []
+    tiers: list = [RamStore(ram_bytes)] if ram_bytes else []
     if store is not False:
         directory = default_store_dir() if store in (None, True) else Path(store).expanduser()
         disk = DiskStore(directory, budget_bytes=disk_bytes)
         disk.check_writable()
         tiers.append(disk)
+    if remote is not None:
+        tiers.append(open_remote(remote, budget_bytes=remote_bytes, fallback=fallback))
     return TieredStore(tiers)
+
+
+def open_remote(url: str, *, budget_bytes: int, fallback: str | None) -> RemoteStore:
+    """Returns the shared Redis tier at `url`, checked to answer (or, with fallback "local", down until it does)."""
+    remote = RemoteStore(url, budget_bytes=budget_bytes)
+    try:
+        remote.check_reachable()
+    except StoreUnavailableError as exc:
+        if fallback != "local":
+            remote.close()
+            raise
+        log.warning("%s; serving from the local tiers (store_fallback=\"local\") and trying it again", exc)
+        remote.start_down(exc)
+    return remote
+
+
+def open_library(store: TieredStore, *, max_documents: int) -> DocumentLibrary:
+    """Returns the document library where the store keeps it: in the shared Redis, beside the disk tier, or in memory."""
+    remote = next((tier for tier in store.tiers if isinstance(tier, RemoteStore)), None)
+    if remote is not None:
+        return DocumentLibrary(max_documents=max_documents, shelf=remote.library_shelf())
+    disk = next((tier for tier in store.tiers if isinstance(tier, DiskStore)), None)
+    return DocumentLibrary(library_directory(disk) if disk is not None else None, max_documents=max_documents)

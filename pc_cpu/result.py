@@ -18,6 +18,7 @@ class Tier(str, Enum):
     CONTEXT = "context"  # resident in the context already
     RAM = "ram"  # restored from the RAM tier (pc_cpu.store.ram)
     DISK = "disk"  # restored from the disk tier (pc_cpu.store.disk)
+    REMOTE = "remote"  # read from a Redis shared with other servers (pc_cpu.store.remote)
     ENCODED = "encoded"  # computed for this call
 
     def __str__(self) -> str:
@@ -55,7 +56,7 @@ class Result:
     finish_reason: str  # "stop", "length", or "tool_calls" (an answer that called tools)
     use_cache: bool
     modules: list[str] = field(default_factory=list)  # imported modules, in position order
-    # Where each encoding the prompt used came from (a Tier: "context", "ram", "disk" or "encoded").
+    # Where each encoding the prompt used came from (a Tier: "context", "ram", "disk", "remote" or "encoded").
     # Keys are modules, "#root", or "scaffold:<name>"; for documents their ids and "#preamble".
     tiers: dict[str, Tier] = field(default_factory=dict)
     # With logprobs asked for: one dict per generated token, {"token_id", "bytes", "logprob", "top": [{"token_id",

@@ -27,15 +27,49 @@ def _caches_in_temp_dirs(tmp_path_factory):
     import os
 
     variables = {"PC_CPU_STORE_DIR": "store", "PC_CPU_PROBE_DIR": "probe", "PC_CPU_CPU_DIR": "cpu"}
-    old = {name: os.environ.get(name) for name in variables}
+    old = {name: os.environ.get(name) for name in [*variables, "PC_CPU_REMOTE_STORE"]}
     for name, folder in variables.items():
         os.environ[name] = str(tmp_path_factory.mktemp(folder))
+    os.environ.pop("PC_CPU_REMOTE_STORE", None)  # no test reaches the user's own Redis
     yield
     for name, value in old.items():
         if value is None:
-            del os.environ[name]
+            os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """Returns a Redis server on 127.0.0.1 for the whole session (tests.redis_server); `redis_url` empties it per test."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """Returns the URL of the session's Redis, emptied for this test."""
+    if redis_server.process is None or redis_server.process.poll() is not None:
+        redis_server.start()  # a test stopped it
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """Returns a Redis server of this test's own, to kill and start again (RedisServer.stop/start)."""
+    from tests.redis_server import RedisServer
+
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = RedisServer(directory).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

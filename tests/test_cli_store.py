@@ -75,3 +75,43 @@ def test_verify_names_an_entry_whose_cells_contradict_its_header(tmp_path, capsy
     disk.put(key("a"), blob_entry(1000, cells=(3, 4, 5, 5, 7, 8, 9)))  # checksums right, two cells at 5
     code, out, _ = run_main(["store", "verify", "--store", str(store)], capsys)
     assert code == 1 and f"bad: {disk.path_for(key('a')).name}: cells: " in out and "position 5" in out
+
+
+# --- the same commands on a shared Redis (--remote-store) ----------------------------------------
+
+def test_store_commands_work_on_a_redis_store(redis_url, capsys):
+    import json
+
+    from pc_cpu.store.remote import RemoteStore, entry_name
+    from tests.store.test_remote import flip_payload_byte
+
+    remote = RemoteStore(redis_url)
+    library = DocumentLibrary(shelf=remote.library_shelf())
+    library.add("doc-a", "text a", "notes.md")
+    doc_key = key("x")
+    remote.put(type(doc_key)(doc_key.model, doc_key.content, "document", label="document doc-a"), blob_entry(1000))
+    remote.put(key("module"), blob_entry(1000))
+    remote.put(key("bad"), blob_entry(1000))
+    flip_payload_byte(remote._client, entry_name(key("bad")))
+    code, out, err = run_main(["store", "ls", "--remote-store", redis_url, "--json"], capsys)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["module"] for r in rows] == ["document doc-a", "trip/module", "trip/bad"]
+    assert rows[0]["names"] == ["notes.md"]
+    code, out, err = run_main(["store", "verify", "--remote-store", redis_url], capsys)
+    assert code == 1 and out.startswith(f"bad: {key('bad').digest()}: checksum") and err.strip() == "1 bad entries"
+    code, out, err = run_main(["store", "rm", "notes.md", "--remote-store", redis_url], capsys)
+    assert code == 0 and "removed document doc-a (notes.md): 1 stored encoding" in out
+    code, out, err = run_main(["store", "rm", key("module").digest()[:10], "--remote-store", redis_url], capsys)
+    assert code == 0 and out.startswith("removed ")
+    assert [k.label for k in remote.keys()] == ["trip/bad"] and len(DocumentLibrary(shelf=remote.library_shelf())) == 0
+    code, out, err = run_main(["store", "clear", "--yes", "--remote-store", redis_url], capsys)
+    assert code == 0 and out.strip() == "removed 1 entries" and len(remote) == 0
+
+
+def test_a_redis_that_does_not_answer_is_one_line_naming_it(capsys, monkeypatch):
+    from tests.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("PC_CPU_REMOTE_STORE", url)  # the variable stands for the option
+    code, out, err = run_main(["store", "ls"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and url in err and "cannot be reached" in err

@@ -4,6 +4,8 @@ The rule, for every route and for an error inside an event stream alike:
 - A PromptCacheError is the client's to fix: 400 (404 for an UnknownDocumentError) with its
   message, minus any absolute filesystem path (`<path>` instead; the API's own /v1/... and
   /health are kept).
+- A StoreUnavailableError is the shared store (Redis) being down while the request must change it
+  (the document library): 503 with its message, which names the store (its password left out).
 - A StoreError, or an OSError saying the disk is full, is the server's store failing to write:
   507 "the server's store cannot be written (disk full?)", never its path or OS message.
 - Any other exception is a bug or a failure of the machine: 500 with a generic message.
@@ -25,7 +27,7 @@ from typing import Sequence
 
 from starlette.responses import JSONResponse
 
-from pc_cpu.errors import PromptCacheError, StoreError, UnknownDocumentError
+from pc_cpu.errors import PromptCacheError, StoreError, StoreUnavailableError, UnknownDocumentError
 from pc_cpu.server.openai_api import error_json
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ def http_error(exc: Exception, where: str) -> HttpError:
         exc: what a route (or a stream's worker) raised.
         where: the request, e.g. "POST /v1/documents", for the log line.
     """
+    if isinstance(exc, StoreUnavailableError):  # the shared Redis is down: retry later, nothing is wrong with the request
+        log.warning("%s: %s", where, exc)
+        return HttpError(503, str(exc), "ServiceUnavailable")
     if isinstance(exc, StoreError) or (isinstance(exc, OSError) and exc.errno in _DISK_FULL):
         return _server_side(507, STORE_MESSAGE, "InsufficientStorage", exc, where)
     if isinstance(exc, PromptCacheError):

@@ -80,6 +80,11 @@ class DiskListing:
     last_used: float  # file mtime, unix seconds (touched by get)
     path: Path
 
+    @property
+    def id(self) -> str:
+        """Returns the entry's id as `pc-cpu store ls` shows it: its file name's stem, the key's digest."""
+        return self.path.stem
+
 
 @dataclass(frozen=True)
 class BadFile:

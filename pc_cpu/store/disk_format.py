@@ -132,9 +132,7 @@ def read_entry(f: BinaryIO, expected: StoreKey | None = None) -> tuple[Header, E
         CorruptEntryError: any mismatch of magic, version, key, length or checksum.
     """
     header = read_header(f)
-    if expected is not None and header.key != expected:
-        raise CorruptEntryError(f"file holds {header.key.describe()}, not {expected.describe()}",
-                                reason="foreign_key")
+    check_key(header, expected)
     here = f.tell()
     remaining = f.seek(0, 2) - here  # check the claimed length before trusting it with a read
     f.seek(here)
@@ -144,7 +142,28 @@ def read_entry(f: BinaryIO, expected: StoreKey | None = None) -> tuple[Header, E
     payload = f.read(remaining)
     if len(payload) != remaining:
         raise CorruptEntryError(f"payload read stopped at {len(payload)} of {remaining} bytes", reason="truncated")
+    return header, checked_entry(header, payload)
+
+
+def check_key(header: Header, expected: StoreKey | None) -> None:
+    """Raises CorruptEntryError (reason "foreign_key") when the header holds a key other than `expected` (None: any)."""
+    if expected is not None and header.key != expected:
+        raise CorruptEntryError(f"entry holds {header.key.describe()}, not {expected.describe()}",
+                                reason="foreign_key")
+
+
+def checked_entry(header: Header, payload: bytes) -> Entry:
+    """Returns the entry of `header` and `payload` once the payload has the header's length and checksum.
+
+    Every tier that keeps a header beside its payload reads through here (a file, a Redis entry).
+
+    Raises:
+        CorruptEntryError: the payload's length or checksum is not the header's.
+    """
+    if len(payload) != header.payload_len:
+        raise CorruptEntryError(f"payload is {len(payload)} bytes, header says {header.payload_len}",
+                                reason="truncated" if len(payload) < header.payload_len else "corrupt")
     if not header.payload_matches(payload):
         raise CorruptEntryError(f"payload checksum ({header.checksum[0]}) does not match the header",
                                 reason="checksum")
-    return header, Entry(payload, header.n_tokens, header.positions, header.created)
+    return Entry(payload, header.n_tokens, header.positions, header.created)

@@ -15,7 +15,11 @@ A process killed while writing a document's file leaves a temp file that holds n
 document is absent: it is registered once its file is renamed into place); `verify` lists it,
 and the next cache that opens the library deletes it (`delete_orphans`).
 
-Without a store directory (store=False) the library lives in memory only.
+Without a store directory (store=False) the library lives in memory only. With a shared store
+(PromptCache(remote_store=...)) it lives in Redis instead (pc_cpu.store.shared_library), so servers
+on several machines share one: the same checks, made in a Redis transaction. Where it lives is the
+library's shelf (`FileShelf`, `MemoryShelf`, `RedisShelf`): each reads every document and applies
+one change atomically against what it holds then.
 
 Limits, checked in `add` under the lock against the files as they are then: a name has at
 most MAX_NAME_CHARS characters and no control character, a document at most
@@ -29,12 +33,12 @@ import json
 import logging
 import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
-from pc_cpu.errors import ConfigError, DocumentError, DocumentLimitError, StoreError, UnknownDocumentError
+from pc_cpu.errors import (ConfigError, DocumentError, DocumentLimitError, StoreError, StoreUnavailableError,
+                           UnknownDocumentError)
 from pc_cpu.pml.document_layout import stand_in_places
 from pc_cpu.pml.text import check_utf8
 from pc_cpu.store.atomic import delete_orphans, find_orphans, write_atomically
@@ -137,6 +141,8 @@ def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleSto
     except UnknownDocumentError:
         doc = None
     doc_id = doc.id if doc is not None else id_or_name
+    if doc is not None:
+        library.remove(doc.id)  # first: a shared library that cannot change now refuses before anything goes
     label = document_label(doc_id)
     removed = 0
     for tier in tiers:
@@ -144,8 +150,6 @@ def remove_document(library: "DocumentLibrary | None", tiers: Iterable[ModuleSto
             removed += bool(tier.remove(key))
     if doc is None and not removed:
         return None
-    if doc is not None:
-        library.remove(doc.id)
     return Removed(doc_id, tuple(doc.names) if doc is not None else (), removed)
 
 def check_name(name: str | None) -> None:
@@ -195,34 +199,67 @@ class Document:
     after: list[str] | None = None
 
 
-class DocumentLibrary:
-    """Documents by id, and names as aliases of ids; persisted in `directory` when given."""
+# A change to the library: given every document as the shelf holds them now (a dict it may edit),
+# returns the documents to write and the ids to delete.
+Edit = Callable[[dict[str, Document]], tuple[list[Document], list[str]]]
 
-    def __init__(self, directory: Path | None, *, max_documents: int = DEFAULT_MAX_DOCUMENTS):
-        """Opens the library in `directory` (None: in memory only).
 
-        Args:
-            max_documents: documents the library holds at most; adding a new text beyond them is
-                refused (documents already there beyond a lowered limit are kept).
+class Shelf(Protocol):
+    """Where a library's documents live: read whole, changed one atomic edit at a time."""
 
-        Raises:
-            ConfigError: max_documents is below 1.
-            StoreError: the directory cannot be created or listed.
-        """
-        self.directory = directory
-        self.max_documents = check_max_documents(max_documents)
+    shared: bool  # other processes change it too: read it again before trusting a miss
+
+    def load(self) -> dict[str, Document]:
+        """Returns every document, by id (StoreUnavailableError when a shared shelf cannot be reached)."""
+        ...
+
+    def version(self) -> object | None:
+        """Returns what changes whenever any process changes the shelf, cheaply read; None when it cannot tell."""
+        ...
+
+    def change(self, edit: Edit) -> dict[str, Document]:
+        """Returns every document after `edit` ran on them as they are now and its changes were written, atomically."""
+        ...
+
+
+class MemoryShelf:
+    """A library in this process only (store=False)."""
+
+    shared = False
+
+    def __init__(self):
         self._docs: dict[str, Document] = {}
-        self._warned: set[Path] = set()  # unreadable files already logged: each re-read would repeat them
-        if directory is not None:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot open the document library {directory}: {exc}; fix its permissions or "
-                                 "point --store elsewhere") from None
-            self._reload()
 
-    def _reload(self) -> None:
-        """Replaces what this instance knows with the files as they are now (other processes write them too)."""
+    def load(self) -> dict[str, Document]:
+        return dict(self._docs)
+
+    def version(self) -> None:
+        return None  # only this process changes it, and its view is always current
+
+    def change(self, edit: Edit) -> dict[str, Document]:
+        docs = dict(self._docs)
+        _, deleted = edit(docs)
+        for doc_id in deleted:
+            docs.pop(doc_id, None)
+        self._docs = docs
+        return dict(docs)
+
+
+class FileShelf:
+    """A library as one JSON file per document in a directory, changed under a lock file (see the module docstring)."""
+
+    shared = True
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._warned: set[Path] = set()  # unreadable files already logged: each re-read would repeat them
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot open the document library {directory}: {exc}; fix its permissions or "
+                             "point --store elsewhere") from None
+
+    def load(self) -> dict[str, Document]:
         docs = {}
         for path in self._files():
             try:
@@ -235,7 +272,24 @@ class DocumentLibrary:
                     log.warning("document file %s is unreadable (%s); skipped", path, exc)
                 continue
             docs[doc.id] = doc
-        self._docs = docs
+        return docs
+
+    def version(self) -> None:
+        return None  # a miss reads the directory again (resolve); listing it per question would cost more
+
+    def change(self, edit: Edit) -> dict[str, Document]:
+        with exclusive(self.directory / _LOCK_NAME):
+            docs = self.load()
+            saved, deleted = edit(docs)
+            for doc in saved:
+                self._save(doc)
+            for doc_id in deleted:
+                docs.pop(doc_id, None)
+                try:
+                    (self.directory / f"{doc_id}.json").unlink(missing_ok=True)
+                except OSError as exc:
+                    raise StoreError(f"cannot delete document {doc_id} from {self.directory}: {exc}") from None
+            return docs
 
     def _files(self) -> list[Path]:
         try:
@@ -244,15 +298,94 @@ class DocumentLibrary:
             raise StoreError(f"cannot list the document library {self.directory}: {exc}; fix its permissions or "
                              "point --store elsewhere") from None
 
-    @contextmanager
-    def _changing(self) -> Iterator[None]:
-        """Holds the library's lock across processes, with what this instance knows re-read under it."""
-        if self.directory is None:
-            yield
-            return
-        with exclusive(self.directory / _LOCK_NAME):
+    def _save(self, doc: Document) -> None:
+        try:
+            write_atomically(self.directory / f"{doc.id}.json", [document_json(doc)])
+        except OSError as exc:
+            raise StoreError(f"cannot write document {doc.id} to {self.directory}: {exc}; free space or fix "
+                             "the directory's permissions") from None
+
+    def delete_orphans(self) -> int:
+        deleted = delete_orphans(self.directory)
+        if deleted:
+            log.info("%s: deleted %d temp file(s) that interrupted writes left", self.directory, len(deleted))
+        return len(deleted)
+
+    def verify(self, *, delete: bool = False) -> list["BadFile"]:
+        from pc_cpu.store.disk import ORPHAN, BadFile, delete_bad_file  # what the disk store reports, alike
+
+        bad = []
+        for path in self._files():
+            try:
+                _read_document(path)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                bad.append(BadFile(path, "corrupt", f"document file is unreadable ({exc})"))
+        bad += [BadFile(o.path, ORPHAN, o.why) for o in find_orphans(self.directory)]
+        return [delete_bad_file(item) for item in bad] if delete else bad
+
+
+class DocumentLibrary:
+    """Documents by id, and names as aliases of ids; kept on a shelf: a directory, this process's memory, or Redis."""
+
+    def __init__(self, directory: Path | None = None, *, max_documents: int = DEFAULT_MAX_DOCUMENTS,
+                 shelf: Shelf | None = None):
+        """Opens the library in `directory` (None: in memory only), or on `shelf`.
+
+        Args:
+            max_documents: documents the library holds at most; adding a new text beyond them is
+                refused (documents already there beyond a lowered limit are kept).
+
+        Raises:
+            ConfigError: max_documents is below 1.
+            StoreError: the directory cannot be created or listed.
+        """
+        self.max_documents = check_max_documents(max_documents)
+        if shelf is None:
+            shelf = FileShelf(directory) if directory is not None else MemoryShelf()
+        self.shelf = shelf
+        self.directory = getattr(shelf, "directory", None)
+        self._docs: dict[str, Document] = {}
+        self._seen: object | None = None  # the shelf's version when last read (catch_up)
+        self._reload()
+
+    def refresh(self) -> None:
+        """Reads the shelf again when other processes share it (documents they added or removed since)."""
+        if self.shelf.shared:
             self._reload()
-            yield
+
+    def catch_up(self) -> None:
+        """Reads the shelf again if another process changed it since this one read it (one cheap look when it can tell).
+
+        A document another server removed is then gone here too, before a question uses its text.
+        """
+        seen, self._seen = self._seen, self.shelf.version()
+        if self._seen is not None and self._seen != seen:
+            self._reload()
+
+    def _reload(self, *, strict: bool = False) -> None:
+        """Replaces what this instance knows with the shelf as it is now (other processes change it too).
+
+        A shared shelf that cannot be reached leaves what this instance read last: questions keep
+        finding the documents they name while Redis is down. With `strict`, it raises
+        StoreUnavailableError instead (a name not found then may well exist).
+        """
+        try:
+            self._seen = self.shelf.version()  # before the load: a change in between is read again next time
+            self._docs = self.shelf.load()
+        except StoreUnavailableError:
+            if strict:
+                raise
+            log.debug("document library unreachable: %d documents as last read", len(self._docs))
+
+    def _change(self, edit: Edit) -> None:
+        """Applies `edit` on the shelf, atomically against the documents as they are then; keeps what results."""
+        def against(docs: dict[str, Document]) -> tuple[list[Document], list[str]]:
+            self._docs = docs  # the checks and edits below read self._docs
+            return edit(docs)
+
+        self._docs = self.shelf.change(against)
 
     def __len__(self) -> int:
         return len(self._docs)
@@ -289,10 +422,11 @@ class DocumentLibrary:
 
         Raises:
             UnknownDocumentError: nothing has this id or name.
+            StoreUnavailableError: this process has not seen it, and the shared library cannot be read now.
         """
         doc = self._find(id_or_name)
-        if doc is None and self.directory is not None:
-            self._reload()  # another process may have added it since this one read the library
+        if doc is None and self.shelf.shared:
+            self._reload(strict=True)  # another process may have added it since this one read the library
             doc = self._find(id_or_name)
         if doc is None:
             raise UnknownDocumentError(
@@ -308,8 +442,9 @@ class DocumentLibrary:
 
         `after`: the ids of the documents it was encoded after (stand_ins), kept with a new document.
 
-        Checked and written under the library's lock against its files as they are then, so
-        another process's documents and names count (see the module docstring).
+        Checked and written atomically against the shelf as it is then (under the directory's
+        lock; in a Redis transaction), so another process's documents and names count (see the
+        module docstring).
 
         Raises:
             DocumentError: `name` cannot name a document (check_name), or already names a document
@@ -317,21 +452,29 @@ class DocumentLibrary:
             DocumentLimitError: the document has MAX_NAMES_PER_DOCUMENT names and `name` is not one
                 of them, or it is new and the library holds max_documents.
             StoreError: the library directory cannot be locked or written.
+            StoreUnavailableError: the library is in a Redis that cannot be reached now.
         """
         check_name(name)
-        with self._changing():
+        after = None if after is None else list(after)
+        added: list[Document] = []
+
+        def edit(docs: dict[str, Document]) -> tuple[list[Document], list[str]]:
             self._check_room(doc_id, name)
-            return self._add(doc_id, text, name, after)
+            added[:] = [self._add(doc_id, text, name, after)]
+            return added, []
+
+        self._change(edit)
+        return added[0]
 
     def check_room(self, doc_id: str, name: str | None) -> None:
         """Raises the DocumentError `add(doc_id, text, name)` would raise now, writing nothing.
 
         For a caller about to do costly work first (PromptCache.add_document encodes the text
-        before adding it). It takes no lock: `add` checks again, under the lock, and that check
-        is the one that counts when processes add at once.
+        before adding it). It takes no lock: `add` checks again, atomically, and that check is the
+        one that counts when processes add at once.
         """
         check_name(name)
-        if self.directory is not None:
+        if self.shelf.shared:
             self._reload()  # another process may have added documents or names since
         self._check_room(doc_id, name)
 
@@ -356,7 +499,7 @@ class DocumentLibrary:
                 f"(max_documents={self.max_documents}); remove one first (remove_document, "
                 "DELETE /v1/documents/{id}, pc-cpu store rm) or raise max_documents (pc-cpu serve --max-documents)")
 
-    def _add(self, doc_id: str, text: str, name: str | None, after: Iterable[str] | None = None) -> Document:
+    def _add(self, doc_id: str, text: str, name: str | None, after: list[str] | None = None) -> Document:
         doc = self._docs.get(doc_id)
         if doc is None:
             doc = Document(doc_id, text, [], time.time(), None if after is None else list(after))
@@ -366,33 +509,25 @@ class DocumentLibrary:
                                 "added under it (report it: ids are hashes of the text)")
         if name is not None and name not in doc.names:
             doc.names.append(name)
-        self._save(doc)
         return doc
 
     def remove(self, doc_id: str) -> None:
-        """Forgets a document and deletes its file (under the library's lock)."""
-        with self._changing():
-            self._docs.pop(doc_id, None)
-            if self.directory is not None:
-                try:
-                    (self.directory / f"{doc_id}.json").unlink(missing_ok=True)
-                except OSError as exc:
-                    raise StoreError(f"cannot delete document {doc_id} from {self.directory}: {exc}") from None
+        """Forgets a document and deletes it from the shelf (atomically, as `add` changes it).
+
+        Raises:
+            StoreUnavailableError: the library is in a Redis that cannot be reached now.
+        """
+        self._change(lambda docs: ([], [doc_id]))
 
     def delete_orphans(self) -> int:
-        """Returns how many temp files of interrupted writes it deleted from the library directory.
+        """Returns how many temp files of interrupted writes it deleted from the library directory (0 off a directory).
 
         For a process about to write the library (a cache opening it): a document killed while its
         file was written is absent (registered only once the file is in place), and its temp file
         holds nothing; left in place, `pc-cpu store verify` would fail on it until someone ran
         `--delete`. Temp files of writes in progress (another process's) are left alone.
         """
-        if self.directory is None:
-            return 0
-        deleted = delete_orphans(self.directory)
-        if deleted:
-            log.info("%s: deleted %d temp file(s) that interrupted writes left", self.directory, len(deleted))
-        return len(deleted)
+        return self.shelf.delete_orphans() if isinstance(self.shelf, FileShelf) else 0
 
     def verify(self, *, delete: bool = False) -> list["BadFile"]:
         """Returns the library's bad files, by name: unreadable document files and orphaned temp files.
@@ -400,33 +535,32 @@ class DocumentLibrary:
         Args:
             delete: also delete them; one that cannot be deleted comes back with deleted=False.
         """
-        from pc_cpu.store.disk import ORPHAN, BadFile, delete_bad_file  # what the disk store reports, alike
+        return self.shelf.verify(delete=delete) if isinstance(self.shelf, FileShelf) else []
 
-        if self.directory is None:
-            return []
-        bad = []
-        for path in self._files():
-            try:
-                _read_document(path)
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError) as exc:
-                bad.append(BadFile(path, "corrupt", f"document file is unreadable ({exc})"))
-        bad += [BadFile(o.path, ORPHAN, o.why) for o in find_orphans(self.directory)]
-        return [delete_bad_file(item) for item in bad] if delete else bad
 
-    def _save(self, doc: Document) -> None:
-        if self.directory is None:
-            return
-        record = {"id": doc.id, "text": doc.text, "names": doc.names, "added": doc.added}
-        if doc.after is not None:
-            record["after"] = doc.after
-        data = json.dumps(record, ensure_ascii=False).encode("utf-8")
-        try:
-            write_atomically(self.directory / f"{doc.id}.json", [data])
-        except OSError as exc:
-            raise StoreError(f"cannot write document {doc.id} to {self.directory}: {exc}; free space or fix "
-                             "the directory's permissions") from None
+def document_json(doc: Document) -> bytes:
+    """Returns a document as a shelf stores it: UTF-8 JSON of id, text, names, added (and after, when recorded)."""
+    record = {"id": doc.id, "text": doc.text, "names": doc.names, "added": doc.added}
+    if doc.after is not None:
+        record["after"] = doc.after
+    return json.dumps(record, ensure_ascii=False).encode("utf-8")
+
+
+def document_from_json(data: bytes | str, doc_id: str) -> Document:
+    """Returns the document a shelf stored as JSON under `doc_id`.
+
+    Raises:
+        ValueError: it is not a document's JSON, or holds another id.
+    """
+    try:
+        raw = json.loads(data)
+        doc = Document(raw["id"], raw["text"], list(raw.get("names", [])), float(raw.get("added", 0)),
+                       _recorded_after(raw.get("after")))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a document file: {exc!r}") from None
+    if doc.id != doc_id or not isinstance(doc.text, str):
+        raise ValueError("id or text does not match the file")
+    return doc
 
 
 def _read_document(path: Path) -> Document:
@@ -436,15 +570,7 @@ def _read_document(path: Path) -> Document:
         OSError: the file cannot be read (FileNotFoundError: it is gone).
         ValueError: it is not a document file, or not the one its name says.
     """
-    try:
-        raw = json.loads(path.read_text("utf-8"))
-        doc = Document(raw["id"], raw["text"], list(raw.get("names", [])), float(raw.get("added", 0)),
-                       _recorded_after(raw.get("after")))
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a document file: {exc!r}") from None
-    if doc.id != path.stem or not isinstance(doc.text, str):
-        raise ValueError("id or text does not match the file")
-    return doc
+    return document_from_json(path.read_text("utf-8"), path.stem)
 
 
 def _recorded_after(value) -> list[str] | None:

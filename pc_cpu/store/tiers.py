@@ -40,6 +40,13 @@ class TieredStore:
             raise ValueError(f"tier names must be distinct, got {names}")
         self.tiers: tuple[ModuleStore, ...] = tuple(tiers)
 
+    def close(self) -> None:
+        """Closes the tiers that hold a connection (a shared Redis); the others hold nothing to close."""
+        for tier in self.tiers:
+            close = getattr(tier, "close", None)
+            if close is not None:
+                close()
+
     def tier(self, name: str) -> ModuleStore:
         """Returns the tier called `name`; raises KeyError listing the valid names."""
         for t in self.tiers:
