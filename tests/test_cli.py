@@ -328,6 +328,18 @@ def test_ask_json_is_the_result_and_a_second_run_encodes_nothing(tiny_model_path
     assert code == 0 and json.loads(out)["modules"] == ids[::-1]
 
 
+def test_ask_on_a_second_machine_reads_the_first_one_s_cells_from_redis(tiny_model_path, doc_files, tmp_path,
+                                                                         redis_url, capsys, monkeypatch):
+    args = lambda store: ask_args(tiny_model_path, tmp_path / store, *doc_files) + ["--json"]  # noqa: E731
+    code, out, _ = run_main(args("first") + ["--remote-store", redis_url], capsys)
+    first = json.loads(out)
+    assert code == 0 and set(first["tiers"].values()) == {"encoded"}
+    monkeypatch.setenv("PC_CPU_REMOTE_STORE", redis_url)  # the variable stands for the option
+    code, out, _ = run_main(args("second"), capsys)  # another disk: only Redis is shared
+    second = json.loads(out)
+    assert code == 0 and set(second["tiers"].values()) == {"remote"} and second["text"] == first["text"]
+
+
 def test_ask_streams_the_answer_and_names_the_tiers_on_stderr(tiny_model_path, doc_files, tmp_path, capsys):
     store = tmp_path / "store"
     code, out, err = run_main(ask_args(tiny_model_path, store, doc_files[0]) + ["--system", "Be brief."], capsys)
