@@ -56,7 +56,9 @@ T = TypeVar("T")
 NAMESPACE = f"pc_cpu:s{FORMAT_VERSION}:"
 DEFAULT_REMOTE_BYTES = 8 * 1024**3  # 8 GiB of pc_cpu's keys: give the Redis server room for them
 CHUNK_BYTES = 8 * 1024**2  # at 100 MB/s (a gigabit LAN) a chunk moves well inside COMMAND_TIMEOUT_S
-CHUNKS_PER_READ = 4  # chunks fetched by one MGET; the read's deadline is checked between them
+# Chunks moved by one command (an MGET, a pipeline of SETs): 32 MB, a quarter of a second on a gigabit LAN, well
+# inside COMMAND_TIMEOUT_S; a read's deadline is checked between them.
+CHUNKS_PER_CALL = 4
 PENDING_TTL_S = 600  # chunks of a write not yet committed expire: a killed writer leaves nothing for good
 # The fastest prefill measured on a laptop CPU is ~500 tokens/s (SmolLM2-135M, 2 threads); a CPU four
 # times faster computes FAST_PREFILL_TOKENS_S. A read slower than that would lose to computing the cells
@@ -209,13 +211,13 @@ class RemoteStore(ByteBudget):
     @property
     def bytes_used(self) -> int:
         """Returns the bytes every server's entries take in Redis now (the last count read, while it is down)."""
-        value = self.link.call("counting its bytes", lambda: self._client.get(NAMESPACE + "bytes"), None)
+        value = self._call("counting its bytes", lambda: self._client.get(NAMESPACE + "bytes"), None)
         if value is not None:
             self._used = int(value)
         return self._used
 
     def __len__(self) -> int:
-        return self.link.call("counting its entries", lambda: self._client.zcard(NAMESPACE + "lru"), 0)
+        return self._call("counting its entries", lambda: self._client.zcard(NAMESPACE + "lru"), 0)
 
     # --- the tier interface (pc_cpu.store.base.ModuleStore) ------------------------------------
 
@@ -329,12 +331,12 @@ class RemoteStore(ByteBudget):
         deadline = started + read_deadline_s(header.n_tokens)
         chunk_names = _chunk_names(name, wid, n)
         chunks: list[bytes] = []
-        for first in range(0, len(chunk_names), CHUNKS_PER_READ):
+        for first in range(0, len(chunk_names), CHUNKS_PER_CALL):
             if time.monotonic() > deadline:
                 log.warning("%s: reading %s from %s took more than %.2f s, longer than computing it; computing it",
                             self.name, key.describe(), self.shown, read_deadline_s(header.n_tokens))
                 return None
-            got = self._client.mget(chunk_names[first:first + CHUNKS_PER_READ])
+            got = self._client.mget(chunk_names[first:first + CHUNKS_PER_CALL])
             if any(chunk is None for chunk in got):
                 return None  # replaced or evicted since the header was read: a miss, not damage
             chunks.extend(got)
@@ -346,11 +348,14 @@ class RemoteStore(ByteBudget):
     def _write(self, name: str, header: bytes, payload: bytes, size: int) -> list[bytes]:
         wid = os.urandom(6).hex()
         view = memoryview(payload)
-        pipe = self._client.pipeline(transaction=False)
-        for i, start in enumerate(range(0, max(len(view), 1), CHUNK_BYTES)):
-            pipe.set(f"{NAMESPACE}c:{name}:{wid}:{i}", view[start:start + CHUNK_BYTES].tobytes(), ex=PENDING_TTL_S)
-        n = max(1, -(-len(view) // CHUNK_BYTES))
-        pipe.execute()
+        starts = range(0, max(len(view), 1), CHUNK_BYTES)
+        for first in range(0, len(starts), CHUNKS_PER_CALL):
+            pipe = self._client.pipeline(transaction=False)
+            for i in range(first, min(first + CHUNKS_PER_CALL, len(starts))):
+                chunk = view[starts[i]:starts[i] + CHUNK_BYTES].tobytes()
+                pipe.set(f"{NAMESPACE}c:{name}:{wid}:{i}", chunk, ex=PENDING_TTL_S)
+            pipe.execute()
+        n = len(starts)
         return self._commit(args=[NAMESPACE, name, header, wid, n, size, self._budget, _now_ms()])
 
     def _ls(self) -> list[RemoteListing]:

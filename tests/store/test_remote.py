@@ -101,7 +101,7 @@ def test_entry_larger_than_budget_is_refused(redis_url):
 
 def test_an_entry_larger_than_a_chunk_is_split_and_read_back_whole(remote, redis_server, monkeypatch):
     monkeypatch.setattr(remote_module, "CHUNK_BYTES", 300)
-    monkeypatch.setattr(remote_module, "CHUNKS_PER_READ", 2)
+    monkeypatch.setattr(remote_module, "CHUNKS_PER_CALL", 2)
     big = blob_entry(5 * PAYLOAD, fill=9)
     remote.put(key("a"), big)
     assert len(list(redis_server.client().scan_iter(match=NAMESPACE + "c:*"))) == -(-big.nbytes // 300)
