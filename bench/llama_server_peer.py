@@ -1,0 +1,275 @@
+"""pc_cpu against llama.cpp's own server (`llama-server`, with its cache on), on the same model, threads, context and slots.
+
+The peer (issue 56): `llama-server` built from the llama.cpp that llama-cpp-python 0.3.36's sdist
+vendors (the same commit as pc_cpu's), with CMake, target llama-server, into
+$PC_CPU_LLAMA_SERVER_DIR (default ~/.cache/pc_cpu/llama-server; built once, on first use, ~20 min on
+2 cores; or give a binary with --llama-server PATH). It runs with its cache on: `cache_prompt` (its
+default, sent anyway), `--cache-reuse 256`, `--cache-ram 8192`; with `--no-repack` when pc_cpu's
+CPU check turned extra buffers off (pc_cpu.engine.llama.extra_buffers), and flash attention as
+pc_cpu's default for the model. Slots: `--parallel S`, `-c S * n_ctx`, so each slot has pc_cpu's
+n_ctx cells, as each of pc_cpu's S prompt slots has.
+
+Workloads (each system runs its own conversation on the same questions, greedy, answers of at most
+--answer-tokens; llama-server gets pc_cpu's chat template's tokens for its own messages, through
+/completion, so both see the same template):
+- "one conversation": --turns turns, idle between turns (a user reading);
+- "8 conversations over 4 slots": turns round-robin (each conversation's turn 1, then each one's
+  turn 2, ...), requests one at a time;
+- "one document, 10 questions": a ~4K-token document (NQ-open gold paragraphs, read in place from
+  $PC_CPU_EVALDATA, default ../shared/evaldata) as a system message, then each question in a
+  conversation of its own (PromptCache.ask over the document on pc_cpu; its tokens to llama-server).
+TTFT: pc_cpu's Result.ttft_ms (in-process); llama-server's, the wall time from sending the request
+to its first streamed token (loopback HTTP adds ~1 ms). Reported p50/p99 per workload, turns after
+each conversation's first.
+
+    python bench/llama_server_peer.py [--model qwen2.5-coder-0.5b] [--threads 2] [--turns 12]
+        [--workloads conversation,interleaved,document] [--out bench/results/llama_server_peer.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from pc_cpu import PromptCache
+
+sys.path.insert(0, str(Path(__file__).parent))
+from report_file import new_report, write_report  # noqa: E402  (bench scripts share these helpers)
+
+REPO = Path(__file__).resolve().parent.parent
+EVALDATA = Path(os.environ.get("PC_CPU_EVALDATA", REPO.parent / "shared" / "evaldata"))
+SERVER_DIR = Path(os.environ.get("PC_CPU_LLAMA_SERVER_DIR", Path.home() / ".cache" / "pc_cpu" / "llama-server"))
+LLAMA_CPP_PYTHON = "0.3.36"  # the pin in pyproject.toml: the llama.cpp pc_cpu runs on
+SYSTEM = "You are a helpful assistant. Answer in one sentence."
+QUESTIONS = ["Name a large city by the sea.", "What is it known for?", "Name another one.", "Which of the two is older?",
+             "What do people eat there?", "And in the first one?", "Which has the larger port?", "Name a river in one.",
+             "How long is it?", "What crosses it?", "Summarise what you said.", "Thank you. One last fact?"]
+DOCUMENT = "one document, 10 questions"
+TOPICS = ["rivers", "mountains", "deserts", "islands", "forests", "lakes", "volcanoes", "glaciers"]
+DOC_QUESTIONS = ["What is the first topic of the notes?", "Which year appears first?", "Name one person mentioned.",
+                 "Name one place mentioned.", "What is the last topic?", "Which number is largest?",
+                 "What is said about music?", "What is said about sport?", "Name a country in the notes.",
+                 "Which title comes second?"]
+
+
+# --- the peer ---------------------------------------------------------------------------------
+
+def build_llama_server(directory: Path = SERVER_DIR) -> Path:
+    """Returns llama-server built from llama-cpp-python's sdist (pip download), building it once into `directory`."""
+    binary = directory / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(directory)], check=True)
+    with tarfile.open(directory / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as sdist:
+        sdist.extractall(directory, filter="data")
+    source = directory / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(directory / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(directory / "build"), "--target", "llama-server",
+                    "-j", str(os.cpu_count() or 2)], check=True)
+    return binary
+
+
+class LlamaServer:
+    """A llama-server process on 127.0.0.1 with its cache on (module docstring); a context manager."""
+
+    def __init__(self, binary: Path, model: Path, *, threads: int, n_ctx: int, slots: int, flash_attn: bool,
+                 no_repack: bool):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                     "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx * slots), "--parallel", str(slots),
+                     "--cache-reuse", "256", "--cache-ram", "8192", "-fa", "on" if flash_attn else "off",
+                     "--no-webui", "--log-disable"] + (["--no-repack"] if no_repack else [])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LlamaServer":
+        self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {self.process.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("llama-server did not answer /health in 300 s")
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+    def complete(self, tokens: list[int], n_predict: int) -> dict:
+        """Returns {ttft_ms, text, cached} of one greedy completion of `tokens`, streamed."""
+        body = {"prompt": tokens, "n_predict": n_predict, "cache_prompt": True, "temperature": 0.0, "stream": True,
+                "samplers": ["top_k"], "top_k": 1}
+        started, ttft, text, cached = time.perf_counter(), None, [], None
+        with httpx.stream("POST", self.url + "/completion", json=body, timeout=600) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if ttft is None:
+                    ttft = (time.perf_counter() - started) * 1000
+                text.append(event.get("content", ""))
+                if event.get("stop"):
+                    cached = event.get("timings", {}).get("cache_n")
+        return {"ttft_ms": ttft, "text": "".join(text), "cached": cached}
+
+
+# --- workloads ----------------------------------------------------------------------------------
+
+def conversations(n: int, turns: int) -> list[list[str]]:
+    """Returns n conversations' questions: the first the plain QUESTIONS, the others about a topic each."""
+    return [QUESTIONS[:turns] if i == 0 else
+            [f"Tell me about {TOPICS[i % len(TOPICS)]}." if t == 0 else q for t, q in enumerate(QUESTIONS[:turns])]
+            for i in range(n)]
+
+
+def run_chats(ask, plan: list[tuple[int, int]], questions: list[list[str]]) -> list[dict]:
+    """Returns each (conversation, turn) of `plan` answered by `ask(messages) -> (ttft_ms, text, cached)`, in order."""
+    histories = [[{"role": "system", "content": SYSTEM}] for _ in questions]
+    rows = []
+    for conv, turn in plan:
+        messages = histories[conv]
+        messages.append({"role": "user", "content": questions[conv][turn]})
+        ttft, text, cached = ask(messages)
+        messages.append({"role": "assistant", "content": text})
+        rows.append({"conversation": conv, "turn": turn + 1, "ttft_ms": round(ttft, 1), "cached": cached,
+                     "answer": text})
+    return rows
+
+
+def round_robin(n: int, turns: int) -> list[tuple[int, int]]:
+    return [(conv, turn) for turn in range(turns) for conv in range(n)]
+
+
+def manual(target_tokens: int, tokenize) -> str:
+    notes, size = [], 0
+    with gzip.open(EVALDATA / "nq-open-oracle.jsonl.gz", "rt", encoding="utf-8") as lines:
+        for line in lines:
+            ctx = json.loads(line)["ctxs"][0]
+            notes.append(f"{ctx['title']}: {ctx['text']}")
+            size += len(tokenize(notes[-1]))
+            if size >= target_tokens:
+                break
+    return "\n\n".join(notes)
+
+
+def summary(rows: list[dict]) -> dict:
+    later = sorted(r["ttft_ms"] for r in rows if r["turn"] > 1) or sorted(r["ttft_ms"] for r in rows)
+    p99 = later[min(len(later) - 1, round(0.99 * (len(later) - 1)))]
+    return {"p50_ms": round(statistics.median(later), 1), "p99_ms": round(p99, 1), "n": len(later)}
+
+
+def run(args) -> dict:
+    from pc_cpu.engine.llama.extra_buffers import decide
+
+    binary = Path(args.llama_server) if args.llama_server else build_llama_server()
+    options = dict(threads=args.threads, n_ctx=args.n_ctx, parallel=4, store=False, remote_store=False)
+    out: dict = {"threads": args.threads, "n_ctx_per_slot": args.n_ctx, "slots": 4, "workloads": {}}
+    # The cache stays open while llama-server runs (idle: its tokenizer makes llama-server's prompts).
+    with PromptCache(args.model, **options) as pc:
+        out["model"], model_path, flash_attn = pc.model.path.name, pc.model.path, pc.flash_attn
+        template = lambda messages: list(pc.conversations.prompt(messages).tokens)  # noqa: E731
+        workloads = _workloads(args, pc)
+        results = {}
+        for name, (plan, questions, pc_ask, _) in workloads.items():
+            pc.chat([{"role": "user", "content": "Hello"}], max_tokens=1)  # warm-up, untimed
+            results[name] = {"pc_cpu": run_chats(pc_ask, plan, questions)}
+            print(json.dumps({name: summary(results[name]["pc_cpu"])}), file=sys.stderr, flush=True)
+        pc.evict()
+        decision = decide()
+        out["llama_server"] = {"binary": str(binary), "args": None, "no_repack": not decision.enabled}
+        for name, (plan, questions, _, tokens_of) in workloads.items():
+            with LlamaServer(binary, model_path, threads=args.threads, n_ctx=args.n_ctx, slots=4,
+                             flash_attn=flash_attn, no_repack=not decision.enabled) as server:
+                out["llama_server"]["args"] = server.args[1:]
+                server.complete(template([{"role": "user", "content": "Hello"}]), 1)  # warm-up, untimed
+                if name == DOCUMENT:  # its cells computed once, untimed, as add_document computed pc_cpu's
+                    server.complete(tokens_of([{"role": "user", "content": "Hello"}]), 1)
+
+                def ask(messages, server=server, tokens_of=tokens_of):
+                    done = server.complete(tokens_of(messages), args.answer_tokens)
+                    return done["ttft_ms"], done["text"], done["cached"]
+
+                results[name]["llama-server"] = run_chats(ask, plan, questions)
+            print(json.dumps({name: summary(results[name]["llama-server"])}), file=sys.stderr, flush=True)
+    for name, by_system in results.items():
+        table = {system: summary(rows) for system, rows in by_system.items()}
+        table["llama-server / pc_cpu p50"] = round(table["llama-server"]["p50_ms"] / table["pc_cpu"]["p50_ms"], 2)
+        out["workloads"][name] = {"summary": table, "rows": by_system}
+    return out
+
+
+def _workloads(args, pc: PromptCache) -> dict:
+    """Returns, by name: (plan, questions, pc_cpu's ask, the tokens llama-server gets for a conversation's messages)."""
+    template = lambda messages: list(pc.conversations.prompt(messages).tokens)  # noqa: E731
+
+    def chat(messages):
+        result = pc.chat(messages, max_tokens=args.answer_tokens)
+        pc.wait_idle()  # idle between turns, as while a user reads: pc_cpu repairs and stores the answer
+        return result.ttft_ms, result.text, result.cached_tokens
+
+    chosen = {}
+    if "conversation" in args.workloads:
+        chosen["one conversation"] = (round_robin(1, args.turns), conversations(1, args.turns), chat, template)
+    if "interleaved" in args.workloads:
+        turns = min(args.turns, 6)
+        chosen["8 conversations over 4 slots"] = (round_robin(8, turns), conversations(8, turns), chat, template)
+    if "document" in args.workloads:
+        text = manual(args.doc_tokens, lambda t: pc.model.tokenize(t, special=False))
+        doc = pc.add_document(text, name="manual", system=SYSTEM)
+
+        def ask_doc(messages):
+            result = pc.ask(messages[-1]["content"], documents=[doc], system=SYSTEM, max_tokens=args.answer_tokens)
+            pc.wait_idle()
+            return result.ttft_ms, result.text, result.cached_tokens
+
+        def doc_tokens(messages):
+            return list(pc.documents.prompt(messages[-1]["content"], [text], system=SYSTEM).tokens)
+
+        plan = [(i, 0) for i in range(len(DOC_QUESTIONS))]
+        chosen[DOCUMENT] = (plan, [[q] for q in DOC_QUESTIONS], ask_doc, doc_tokens)
+    return chosen
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=8192)
+    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--answer-tokens", type=int, default=24)
+    parser.add_argument("--doc-tokens", type=int, default=4000)
+    parser.add_argument("--workloads", default="conversation,interleaved,document")
+    parser.add_argument("--llama-server", default=None, help="a llama-server binary (default: built once)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llama_server_peer.json")
+    args = parser.parse_args(argv)
+    report = new_report("llama_server_peer.py", argv)
+    report["models"][args.model] = result = run(args)
+    print(json.dumps({name: w["summary"] for name, w in result["workloads"].items()}, indent=1))
+    write_report(report, args.out, [])
+
+
+if __name__ == "__main__":
+    main()
