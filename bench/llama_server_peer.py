@@ -17,7 +17,10 @@ Workloads (each system runs its own conversation on the same questions, greedy, 
   turn 2, ...), requests one at a time;
 - "one document, 10 questions": a ~4K-token document (NQ-open gold paragraphs, read in place from
   $PC_CPU_EVALDATA, default ../shared/evaldata) as a system message, then each question in a
-  conversation of its own (PromptCache.ask over the document on pc_cpu; its tokens to llama-server).
+  conversation of its own (PromptCache.ask over the document on pc_cpu; its tokens to llama-server);
+- "agent loop" and "8 agents over 4 slots": bench/agent_loop.py's agent (a ~3,500-token system
+  message with 12 tools), 8 steps each adding a scripted call and the tool's result, a one-token
+  answer per step (its TTFT), one agent, then 8 agents round-robin.
 TTFT: pc_cpu's Result.ttft_ms (in-process); llama-server's, the wall time from sending the request
 to its first streamed token (loopback HTTP adds ~1 ms). Reported p50/p99 per workload, turns after
 each conversation's first.
@@ -37,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -163,6 +165,20 @@ def round_robin(n: int, turns: int) -> list[tuple[int, int]]:
     return [(conv, turn) for turn in range(turns) for conv in range(n)]
 
 
+def run_agents(step_ttft, agents: int, steps: int, system: str) -> list[dict]:
+    """Returns each (agent, step) of agents taking steps round-robin, answered by `step_ttft(messages) -> (ms, cached)`."""
+    from agent_loop import Agent
+
+    crew = [Agent(system, i, steps) for i in range(agents)]
+    rows = []
+    for step in range(steps):
+        for agent in crew:
+            ttft, cached = step_ttft(agent.messages)
+            rows.append({"conversation": agent.index, "turn": step + 1, "ttft_ms": round(ttft, 1), "cached": cached})
+            agent.advance(step)
+    return rows
+
+
 def manual(target_tokens: int, tokenize) -> str:
     notes, size = [], 0
     with gzip.open(EVALDATA / "nq-open-oracle.jsonl.gz", "rt", encoding="utf-8") as lines:
@@ -197,6 +213,17 @@ def run(args) -> dict:
             pc.chat([{"role": "user", "content": "Hello"}], max_tokens=1)  # warm-up, untimed
             results[name] = {"pc_cpu": run_chats(pc_ask, plan, questions)}
             print(json.dumps({name: summary(results[name]["pc_cpu"])}), file=sys.stderr, flush=True)
+        agents = _agent_workloads(args, pc)
+        for name, (count, system) in agents.items():
+            def pc_step(messages):
+                from agent_loop import TOOLS
+
+                result = pc.chat(messages, tools=TOOLS, max_tokens=1)
+                pc.wait_idle()  # the tool runs
+                return result.ttft_ms, result.cached_tokens
+
+            results[name] = {"pc_cpu": run_agents(pc_step, count, args.steps, system)}
+            print(json.dumps({name: summary(results[name]["pc_cpu"])}), file=sys.stderr, flush=True)
         pc.evict()
         decision = decide()
         out["llama_server"] = {"binary": str(binary), "args": None, "no_repack": not decision.enabled}
@@ -213,6 +240,19 @@ def run(args) -> dict:
                     return done["ttft_ms"], done["text"], done["cached"]
 
                 results[name]["llama-server"] = run_chats(ask, plan, questions)
+            print(json.dumps({name: summary(results[name]["llama-server"])}), file=sys.stderr, flush=True)
+        for name, (count, system) in agents.items():
+            from agent_loop import TOOLS
+
+            with LlamaServer(binary, model_path, threads=args.threads, n_ctx=args.n_ctx, slots=4,
+                             flash_attn=flash_attn, no_repack=not decision.enabled) as server:
+                server.complete(template([{"role": "user", "content": "Hello"}]), 1)  # warm-up, untimed
+
+                def server_step(messages, server=server):
+                    done = server.complete(list(pc.conversations.prompt(messages, tools=TOOLS).tokens), 1)
+                    return done["ttft_ms"], done["cached"]
+
+                results[name]["llama-server"] = run_agents(server_step, count, args.steps, system)
             print(json.dumps({name: summary(results[name]["llama-server"])}), file=sys.stderr, flush=True)
     for name, by_system in results.items():
         table = {system: summary(rows) for system, rows in by_system.items()}
@@ -253,6 +293,16 @@ def _workloads(args, pc: PromptCache) -> dict:
     return chosen
 
 
+def _agent_workloads(args, pc: PromptCache) -> dict:
+    """Returns, by name: (agents, system message) of the agent-loop workloads chosen."""
+    if "agents" not in args.workloads:
+        return {}
+    from agent_loop import INSTRUCTIONS, reference_notes
+
+    system = INSTRUCTIONS + "\n" + reference_notes(2000, lambda t: pc.model.tokenize(t, special=False))
+    return {"agent loop": (1, system), "8 agents over 4 slots": (8, system)}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -261,7 +311,8 @@ def main(argv=None) -> None:
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--doc-tokens", type=int, default=4000)
-    parser.add_argument("--workloads", default="conversation,interleaved,document")
+    parser.add_argument("--workloads", default="conversation,interleaved,document,agents")
+    parser.add_argument("--steps", type=int, default=8, help="agent-loop steps")
     parser.add_argument("--llama-server", default=None, help="a llama-server binary (default: built once)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llama_server_peer.json")
     args = parser.parse_args(argv)
