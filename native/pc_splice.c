@@ -7,10 +7,19 @@
  * pc_state_assemble() splices moving each blob on the way: its positions are written
  * shifted and its K rows re-rotated right after they are copied, while they are still in cache.
  * That saves the relocated copy of every blob and the pass over it (pc_state_relocate works in
- * place on a blob the caller must first copy, since stored blobs are shared). */
+ * place on a blob the caller must first copy, since stored blobs are shared).
+ *
+ * The rotation is most of an assemble's time (a ~4K-token prompt restored from RAM spent a third of
+ * its TTFT in it, bench/RESULTS.md), and every head turns on its own: so the K rows of a section are
+ * queued as they are copied and turned at the end of the section by several threads, each a
+ * contiguous share of the rows (the same arithmetic on the same bytes: the output is the same). */
 #include "pc_blob.h"
 
 #include <stdlib.h>
+#ifndef _WIN32
+#include <pthread.h>
+#include <unistd.h>
+#endif
 
 typedef struct {
     const uint8_t *blob;
@@ -21,6 +30,16 @@ typedef struct {
     pc_layer rec;    /* write pass: the record under the cursor */
 } pc_input;
 
+/* K rows of one blob and layer, copied into the output and waiting to be turned. */
+typedef struct {
+    uint8_t *rows;
+    uint32_t n_cell;
+    uint64_t row_size;
+    int32_t type;
+    const pc_rope_params *rope;
+    const pc_rope_plan *plan;
+} pc_turn;
+
 /* What is asked of one splice: the inputs, and for assemble the ropes and the streams to write. */
 typedef struct {
     pc_input *in;
@@ -29,6 +48,8 @@ typedef struct {
     uint32_t n_ropes;
     uint32_t n_stream;           /* streams per section in the output; 0: the inputs' count */
     pc_rope_plan *plans;         /* write pass: one per input, for the current section */
+    pc_turn *turns;              /* write pass: the current section's rows to turn (NULL: turned at once) */
+    size_t n_turns, cap_turns;
 } pc_job;
 
 typedef struct {
@@ -185,16 +206,82 @@ static void next_records(pc_writer *w, pc_input *in, size_t n, size_t ref, uint3
     write_bytes(w, in[ref].rec.header, PC_LAYER_HEADER_BYTES);
 }
 
+/* One thread's share of the queued rows: cells [first, end) counted across the turns in order. */
+typedef struct {
+    const pc_turn *turns;
+    size_t n_turns;
+    uint64_t first, end;
+} pc_share;
+
+static void *turn_share(void *arg) {
+    const pc_share *sh = arg;
+    uint64_t at = 0;
+    for (size_t i = 0; i < sh->n_turns && at < sh->end; ++i) {
+        const pc_turn *t = &sh->turns[i];
+        const uint64_t lo = sh->first > at ? sh->first - at : 0;
+        const uint64_t hi = sh->end - at < t->n_cell ? sh->end - at : t->n_cell;
+        if (lo < hi) pc_rotate_rows(t->rows + lo * t->row_size, (size_t) (hi - lo), t->type, t->rope, t->plan);
+        at += t->n_cell;
+    }
+    return NULL;
+}
+
+/* Threads that turn rows: $PC_NATIVE_THREADS, else the online CPUs, at most PC_MAX_TURN_THREADS. An
+ * assemble runs while llama.cpp computes nothing (the scheduler restores before it decodes). */
+#define PC_MAX_TURN_THREADS 8
+static int turn_threads(void) {
+#ifdef _WIN32
+    return 1;
+#else
+    const char *env = getenv("PC_NATIVE_THREADS");
+    long n = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > PC_MAX_TURN_THREADS ? PC_MAX_TURN_THREADS : (int) n;
+#endif
+}
+
+/* Turns every queued row, split in equal shares of cells over the threads, and empties the queue. */
+static void turn_queued(pc_job *job) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < job->n_turns; ++i) total += job->turns[i].n_cell;
+    int n_threads = turn_threads();
+    if ((uint64_t) n_threads > total) n_threads = total ? (int) total : 1;
+    pc_share shares[PC_MAX_TURN_THREADS];
+    for (int t = 0; t < n_threads; ++t)
+        shares[t] = (pc_share) { job->turns, job->n_turns, total * t / n_threads, total * (t + 1) / n_threads };
+#ifndef _WIN32
+    pthread_t threads[PC_MAX_TURN_THREADS];
+    int started[PC_MAX_TURN_THREADS] = { 0 };
+    if (n_threads > 1) {
+        const pc_turn *any = job->turns;
+        pc_rotate_rows(any->rows, 0, any->type, any->rope, any->plan); /* settles the CPU check before threads share it */
+    }
+    for (int t = 1; t < n_threads; ++t) started[t] = pthread_create(&threads[t], NULL, turn_share, &shares[t]) == 0;
+    turn_share(&shares[0]);
+    for (int t = 1; t < n_threads; ++t) {
+        if (started[t]) pthread_join(threads[t], NULL);
+        else turn_share(&shares[t]); /* no thread to be had: this one does that share too */
+    }
+#else
+    for (int t = 0; t < n_threads; ++t) turn_share(&shares[t]);
+#endif
+    job->n_turns = 0;
+}
+
 /* One layer's rows: blob 0's cells, then blob 1's, ... (empty blobs add nothing). K rows of a
- * moving blob are re-rotated in the output, right after their copy. */
-static void write_rows(pc_writer *w, const pc_job *job, uint32_t s, int is_k) {
+ * moving blob are queued to be re-rotated in the output (turned at once when the queue is full). */
+static void write_rows(pc_writer *w, pc_job *job, uint32_t s, int is_k) {
     const pc_input *in = job->in;
     for (size_t b = 0; b < job->n; ++b) {
         const uint32_t n_cell = in[b].lay.sec[s].n_cell;
         if (n_cell == 0) continue;
         uint8_t *rows = w->out + w->off;
         write_bytes(w, in[b].rec.data, (size_t) in[b].rec.row_size * n_cell);
-        if (is_k && in[b].delta) pc_rotate_rows(rows, n_cell, in[b].rec.type, &job->ropes[s], &job->plans[b]);
+        if (!is_k || !in[b].delta) continue;
+        if (job->turns && job->n_turns < job->cap_turns)
+            job->turns[job->n_turns++] = (pc_turn) { rows, n_cell, in[b].rec.row_size, in[b].rec.type,
+                                                     &job->ropes[s], &job->plans[b] };
+        else
+            pc_rotate_rows(rows, n_cell, in[b].rec.type, &job->ropes[s], &job->plans[b]);
     }
 }
 
@@ -210,7 +297,7 @@ static void write_elements(pc_writer *w, const pc_input *in, size_t n, uint32_t 
 }
 
 /* The merged stream of section s: cells, then v_trans, n_layer and every layer record. */
-static void write_stream(pc_writer *w, const pc_job *job, size_t ref, uint32_t s, int32_t seq_id) {
+static void write_stream(pc_writer *w, pc_job *job, size_t ref, uint32_t s, int32_t seq_id) {
     pc_input *in = job->in;
     const size_t n = job->n;
     const pc_section *rs = &in[ref].lay.sec[s];
@@ -227,11 +314,12 @@ static void write_stream(pc_writer *w, const pc_job *job, size_t ref, uint32_t s
         if (tr) write_elements(w, in, n, s, in[ref].rec.n_embd);
         else write_rows(w, job, s, il < rs->n_layer);
     }
+    if (job->n_turns) turn_queued(job); /* before the next section's plans replace this one's */
 }
 
 /* n_stream, then every stream's cell count; all cells go to the first non-empty input's stream,
  * or to stream 0 when the job sets the stream count (the inputs' stream index may not exist). */
-static void write_section(pc_writer *w, const pc_job *job, uint32_t s, int32_t seq_id) {
+static void write_section(pc_writer *w, pc_job *job, uint32_t s, int32_t seq_id) {
     const pc_input *in = job->in;
     const size_t n = job->n;
     const size_t ref = first_with_cells(in, n, s);
@@ -256,6 +344,14 @@ static int run_job(pc_job *job, uint8_t *out, size_t out_capacity, size_t *out_s
         *out_size = need;
         if (need > out_capacity) rc = PC_ERR_CAPACITY;
     }
+    if (rc == PC_OK && job->plans) { /* a section's K layers of every blob; without the memory, turned as copied */
+        uint32_t layers = 0;
+        for (uint32_t s = 0; s < job->in[0].lay.n_section; ++s)
+            if (job->in[0].lay.sec[s].n_layer > layers) layers = job->in[0].lay.sec[s].n_layer;
+        job->cap_turns = job->n * layers;
+        job->turns = job->cap_turns ? malloc(job->cap_turns * sizeof(pc_turn)) : NULL;
+        if (!job->turns) job->cap_turns = 0;
+    }
     if (rc == PC_OK) {
         const pc_input *in = job->in;
         pc_writer w = { out, 0 };
@@ -273,10 +369,11 @@ static int splice_moved(const uint8_t *const *blobs, const size_t *sizes, const 
                         uint8_t *out, size_t out_capacity, size_t *out_size) {
     if (!blobs || !sizes || !out_size || n_blobs == 0) return PC_ERR_ARGUMENT;
     if (!out && out_capacity) return PC_ERR_ARGUMENT;
-    pc_job job = { calloc(n_blobs, sizeof(pc_input)), n_blobs, ropes, n_ropes, n_stream, NULL };
+    pc_job job = { calloc(n_blobs, sizeof(pc_input)), n_blobs, ropes, n_ropes, n_stream, NULL, NULL, 0, 0 };
     int moving = 0;
     for (size_t b = 0; deltas && b < n_blobs; ++b) moving |= deltas[b] != 0;
     if (moving) job.plans = malloc(n_blobs * sizeof(pc_rope_plan));
+
     int rc = PC_ERR_NOMEM;
     if (job.in && (job.plans || !moving)) {
         for (size_t b = 0; b < n_blobs; ++b) {
@@ -286,6 +383,7 @@ static int splice_moved(const uint8_t *const *blobs, const size_t *sizes, const 
         }
         rc = run_job(&job, out, out_capacity, out_size);
     }
+    free(job.turns);
     free(job.plans);
     free(job.in);
     return rc;

@@ -46,6 +46,19 @@ def test_native_assemble_equals_relocate_splice_restream(k_type, v_trans, mode, 
 
 
 @needs_native
+@pytest.mark.parametrize("threads", ["1", "2", "3", "8"])
+def test_native_assemble_turns_the_same_bytes_on_any_number_of_threads(threads, monkeypatch):
+    # The K rows are turned in shares of cells that split blobs and layers at odd places (7, 13 and
+    # 23 cells, two caches): every thread count must give the numpy steps' bytes.
+    monkeypatch.setenv("PC_NATIVE_THREADS", threads)
+    spec = BlobSpec(positions=tuple(range(4, 11)), n_section=2, head_dim=16)
+    ropes = (dataclasses.replace(spec.rope(), freq_base=1_000_000.0), spec.rope(RopeMode.NEOX))
+    blobs = [make_blob(dataclasses.replace(spec, positions=tuple(range(4, 4 + n)), seed=n)) for n in (7, 13, 23)]
+    deltas = [3, 40, 90]
+    assert bytes(assemble(native, blobs, deltas, ropes, 1)) == _steps(blobs, deltas, ropes, 1)
+
+
+@needs_native
 def test_native_assemble_moves_each_cache_with_its_own_rope():
     spec = BlobSpec(positions=tuple(range(5, 25)), n_section=2)
     ropes = (dataclasses.replace(spec.rope(), freq_base=1_000_000.0), spec.rope(RopeMode.NEOX))
