@@ -18,6 +18,12 @@ Workloads (each system runs its own conversation on the same questions, greedy, 
 - "one document, 10 questions": a ~4K-token document (NQ-open gold paragraphs, read in place from
   $PC_CPU_EVALDATA, default ../shared/evaldata) as a system message, then each question in a
   conversation of its own (PromptCache.ask over the document on pc_cpu; its tokens to llama-server);
+- "RAG, new combinations": a library of --library NQ-open gold passages (added once, untimed, as
+  PromptCache.add_document; llama-server has no library), then --rag-questions questions, each over
+  its gold passage and 4 others drawn at random, in a random order (a new combination each time);
+  both get the same tokens (pc_cpu's `ask` layout). Accuracy: an NQ answer in the reply (as `pc-cpu
+  bench documents` scores it), pc_cpu's and llama-server's; llama-server's answers are compared
+  with its own full prefill of the same tokens (`cache_prompt` false), counting those that differ;
 - "agent loop" and "8 agents over 4 slots": bench/agent_loop.py's agent (a ~3,500-token system
   message with 12 tools), 8 steps each adding a scripted call and the tool's result, a one-token
   answer per step (its TTFT), one agent, then 8 agents round-robin.
@@ -120,10 +126,10 @@ class LlamaServer:
         self.process.terminate()
         self.process.wait(30)
 
-    def complete(self, tokens: list[int], n_predict: int) -> dict:
+    def complete(self, tokens: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict:
         """Returns {ttft_ms, text, cached} of one greedy completion of `tokens`, streamed."""
-        body = {"prompt": tokens, "n_predict": n_predict, "cache_prompt": True, "temperature": 0.0, "stream": True,
-                "samplers": ["top_k"], "top_k": 1}
+        body = {"prompt": tokens, "n_predict": n_predict, "cache_prompt": cache_prompt, "temperature": 0.0,
+                "stream": True, "samplers": ["top_k"], "top_k": 1}
         started, ttft, text, cached = time.perf_counter(), None, [], None
         with httpx.stream("POST", self.url + "/completion", json=body, timeout=600) as response:
             for line in response.iter_lines():
@@ -227,6 +233,9 @@ def run(args) -> dict:
         pc.evict()
         decision = decide()
         out["llama_server"] = {"binary": str(binary), "args": None, "no_repack": not decision.enabled}
+        if "rag" in args.workloads:
+            out["workloads"]["RAG, new combinations"] = rag(args, pc, binary, flash_attn, not decision.enabled)
+            print(json.dumps(out["workloads"]["RAG, new combinations"]["summary"]), file=sys.stderr, flush=True)
         for name, (plan, questions, _, tokens_of) in workloads.items():
             with LlamaServer(binary, model_path, threads=args.threads, n_ctx=args.n_ctx, slots=4,
                              flash_attn=flash_attn, no_repack=not decision.enabled) as server:
@@ -293,6 +302,53 @@ def _workloads(args, pc: PromptCache) -> dict:
     return chosen
 
 
+def rag(args, pc: PromptCache, binary: Path, flash_attn: bool, no_repack: bool) -> dict:
+    """Returns the RAG workload's TTFTs and accuracies (module docstring) for pc_cpu and llama-server."""
+    import random
+
+    from pc_cpu.benchmarks.documents import SYSTEM as RAG_SYSTEM, correct, passage_text
+    from pc_cpu.benchmarks.evaldata import load_nq
+
+    questions = load_nq()
+    rng = random.Random(0)
+    library = rng.sample(range(len(questions)), args.library)
+    ids = [pc.add_document(passage_text(questions[q].gold), system=RAG_SYSTEM) for q in library]
+    prompts = []
+    for _ in range(args.rag_questions):
+        gold = rng.randrange(len(library))
+        order = [gold] + rng.sample([i for i in range(len(library)) if i != gold], 4)
+        rng.shuffle(order)
+        prompts.append((questions[library[gold]], [ids[i] for i in order]))
+    pc.ask("warm up", documents=[], system=RAG_SYSTEM, max_tokens=1)
+    rows = {"pc_cpu": [], "llama-server": [], "llama-server full prefill": []}
+    token_lists = []
+    for q, docs in prompts:
+        result = pc.ask(q.question, documents=docs, system=RAG_SYSTEM, max_tokens=args.answer_tokens)
+        rows["pc_cpu"].append({"ttft_ms": result.ttft_ms, "correct": correct(result.text, q.answers),
+                               "answer": result.text})
+        texts = [pc.documents.library.get(d).text for d in docs]
+        token_lists.append(list(pc.documents.prompt(q.question, texts, system=RAG_SYSTEM).tokens))
+    pc.wait_idle()
+    with LlamaServer(binary, pc.model.path, threads=args.threads, n_ctx=args.n_ctx, slots=4, flash_attn=flash_attn,
+                     no_repack=no_repack) as server:
+        server.complete(token_lists[0][:8], 1)  # warm-up, untimed
+        for (q, _), tokens in zip(prompts, token_lists):
+            done = server.complete(tokens, args.answer_tokens)
+            rows["llama-server"].append({"ttft_ms": done["ttft_ms"], "correct": correct(done["text"], q.answers),
+                                         "answer": done["text"], "cached": done["cached"]})
+            full = server.complete(tokens, args.answer_tokens, cache_prompt=False)
+            rows["llama-server full prefill"].append({"ttft_ms": full["ttft_ms"], "answer": full["text"],
+                                                      "correct": correct(full["text"], q.answers)})
+    table = {name: {"p50_ms": round(statistics.median(r["ttft_ms"] for r in got), 1),
+                    "p99_ms": round(sorted(r["ttft_ms"] for r in got)[min(len(got) - 1, round(0.99 * (len(got) - 1)))], 1),
+                    "accuracy": round(sum(r["correct"] for r in got) / len(got), 3), "n": len(got)}
+             for name, got in rows.items()}
+    table["llama-server / pc_cpu p50"] = round(table["llama-server"]["p50_ms"] / table["pc_cpu"]["p50_ms"], 2)
+    table["llama-server answers differing from its full prefill"] = sum(
+        a["answer"] != b["answer"] for a, b in zip(rows["llama-server"], rows["llama-server full prefill"]))
+    return {"summary": table, "rows": rows, "library": args.library}
+
+
 def _agent_workloads(args, pc: PromptCache) -> dict:
     """Returns, by name: (agents, system message) of the agent-loop workloads chosen."""
     if "agents" not in args.workloads:
@@ -311,8 +367,10 @@ def main(argv=None) -> None:
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--answer-tokens", type=int, default=24)
     parser.add_argument("--doc-tokens", type=int, default=4000)
-    parser.add_argument("--workloads", default="conversation,interleaved,document,agents")
+    parser.add_argument("--workloads", default="conversation,interleaved,document,agents,rag")
     parser.add_argument("--steps", type=int, default=8, help="agent-loop steps")
+    parser.add_argument("--library", type=int, default=200, help="RAG: passages in the library")
+    parser.add_argument("--rag-questions", type=int, default=40)
     parser.add_argument("--llama-server", default=None, help="a llama-server binary (default: built once)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llama_server_peer.json")
     args = parser.parse_args(argv)
