@@ -38,7 +38,6 @@ each conversation's first.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import socket
@@ -55,9 +54,9 @@ from pc_cpu import PromptCache
 
 sys.path.insert(0, str(Path(__file__).parent))
 from report_file import new_report, write_report  # noqa: E402  (bench scripts share these helpers)
+from several_servers import manual  # noqa: E402  (the same ~4K-token document of NQ passages)
 
 REPO = Path(__file__).resolve().parent.parent
-EVALDATA = Path(os.environ.get("PC_CPU_EVALDATA", REPO.parent / "shared" / "evaldata"))
 SERVER_DIR = Path(os.environ.get("PC_CPU_LLAMA_SERVER_DIR", Path.home() / ".cache" / "pc_cpu" / "llama-server"))
 LLAMA_CPP_PYTHON = "0.3.36"  # the pin in pyproject.toml: the llama.cpp pc_cpu runs on
 SYSTEM = "You are a helpful assistant. Answer in one sentence."
@@ -183,18 +182,6 @@ def run_agents(step_ttft, agents: int, steps: int, system: str) -> list[dict]:
             rows.append({"conversation": agent.index, "turn": step + 1, "ttft_ms": round(ttft, 1), "cached": cached})
             agent.advance(step)
     return rows
-
-
-def manual(target_tokens: int, tokenize) -> str:
-    notes, size = [], 0
-    with gzip.open(EVALDATA / "nq-open-oracle.jsonl.gz", "rt", encoding="utf-8") as lines:
-        for line in lines:
-            ctx = json.loads(line)["ctxs"][0]
-            notes.append(f"{ctx['title']}: {ctx['text']}")
-            size += len(tokenize(notes[-1]))
-            if size >= target_tokens:
-                break
-    return "\n\n".join(notes)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -321,12 +321,12 @@ class PromptCache:
     def list_documents(self) -> list[Document]:
         """Returns every document of the library (id, text, names, added), oldest first, as it is now.
 
-        Read again from the shelf: other processes sharing the store (or its Redis) add and remove
-        documents too; while a shared Redis is down, as last read.
+        Servers sharing a Redis add and remove documents too: the library is read again when one
+        did (one GET tells); while Redis is down, as last read.
         """
         library = self.documents.library
         with self._lock:
-            library.refresh()
+            library.catch_up()
             return library.all()
 
     def ask(self, question: str, options: GenerationOptions | None = None, *, documents: Sequence[str],

@@ -350,11 +350,6 @@ class DocumentLibrary:
         self._seen: object | None = None  # the shelf's version when last read (catch_up)
         self._reload()
 
-    def refresh(self) -> None:
-        """Reads the shelf again when other processes share it (documents they added or removed since)."""
-        if self.shelf.shared:
-            self._reload()
-
     def catch_up(self) -> None:
         """Reads the shelf again if another process changed it since this one read it (one cheap look when it can tell).
 

@@ -9,7 +9,7 @@ from pc_cpu.store.document_library import DocumentLibrary, remove_document
 from pc_cpu.store.remote import RemoteStore
 from pc_cpu.store.shared_library import LIBRARY_KEY
 from tests.store.conftest import blob_entry, key
-from tests.store.test_document_library import CONTEXT, ROUNDS
+from tests.store.test_document_library import ROUNDS, run_two  # run_two passes the URL where it passes a directory
 
 
 def shared_library(url: str, **kwargs) -> DocumentLibrary:
@@ -45,20 +45,6 @@ def _add_and_remove(url, worker: int, barrier, results) -> None:
         if i % 2:
             library.remove(f"doc-{worker}-{i - 1}")
     results.put(worker)
-
-
-def run_two(target, url) -> list:
-    barrier, results = CONTEXT.Barrier(2), CONTEXT.Queue()
-    workers = [CONTEXT.Process(target=target, args=(url, w, barrier, results)) for w in (0, 1)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-        assert worker.exitcode == 0, f"worker exited with {worker.exitcode}"
-    found = []
-    while not results.empty():
-        found.append(results.get())
-    return found
 
 
 def test_names_given_to_one_text_at_once_by_two_servers_all_survive(redis_url):
