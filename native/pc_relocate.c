@@ -134,21 +134,79 @@ static void rotate_heads_f16(uint8_t *heads, size_t n_head, size_t head_bytes, c
     }
 }
 
-/* The same rotation with the F16 conversions done by the F16C instructions, 8 elements at a time,
- * where the CPU has them (every x86-64 CPU since 2012): they round to nearest even and convert
- * exactly, as f16_to_f32/f32_to_f16 do, and products stay unfused, so the bytes are the same.
- * The software conversions were most of a relocation's time (a ~4K-token prompt restored from
- * the RAM tier spent more on them than on anything but its question's decode). */
+/* The F16C path (below): the software conversions were most of a relocation's time. */
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #include <stdlib.h>
 #define PC_F16C_PATH 1
 
+/* Pairs side by side (rope "normal", as llama's): 8 elements are 4 pairs, turned in registers
+ * against each pair's cos twice and its sin negated then kept, the pair's elements swapped:
+ * x*c + y*(-s) is x*c - y*s exactly (a sign flip and IEEE subtraction), y*c + x*s is x*s + y*c. */
+__attribute__((target("avx,f16c")))
+static void rotate_pairs_f16c(uint8_t *heads, size_t n_head, size_t head_bytes, const pc_rope_plan *pl,
+                              __m256 canonical_nan) {
+    float cc[PC_MAX_ROT], ss[PC_MAX_ROT];
+    const int32_t n_rot = 2 * pl->n_pairs;
+    for (int32_t i = 0; i < pl->n_pairs; ++i) {
+        cc[2 * i] = cc[2 * i + 1] = pl->cos_t[i];
+        ss[2 * i] = -pl->sin_t[i];
+        ss[2 * i + 1] = pl->sin_t[i];
+    }
+    for (size_t h = 0; h < n_head; ++h) {
+        uint8_t *head = heads + h * head_bytes;
+        for (int32_t j = 0; j < n_rot; j += 8) {
+            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (head + 2 * j)));
+            const __m256 swapped = _mm256_permute_ps(x, 0xB1);
+            const __m256 y = _mm256_add_ps(_mm256_mul_ps(x, _mm256_loadu_ps(cc + j)),
+                                           _mm256_mul_ps(swapped, _mm256_loadu_ps(ss + j)));
+            const __m256 canon = _mm256_blendv_ps(canonical_nan, y, _mm256_cmp_ps(y, y, _CMP_ORD_Q));
+            _mm_storeu_si128((__m128i *) (head + 2 * j), _mm256_cvtps_ph(canon, _MM_FROUND_TO_NEAREST_INT));
+        }
+    }
+}
+
+/* Halves apart (rope "neox", as Qwen's): element i pairs with i + n_pairs, 8 pairs at a time,
+ * in rotate_floats' order of operations. */
+__attribute__((target("avx,f16c")))
+static void rotate_halves_f16c(uint8_t *heads, size_t n_head, size_t head_bytes, const pc_rope_plan *pl,
+                               __m256 canonical_nan) {
+    const int32_t n = pl->n_pairs;
+    for (size_t h = 0; h < n_head; ++h) {
+        uint8_t *head = heads + h * head_bytes;
+        for (int32_t i = 0; i < n; i += 8) {
+            const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (head + 2 * i)));
+            const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (head + 2 * (i + n))));
+            const __m256 c = _mm256_loadu_ps(pl->cos_t + i), s = _mm256_loadu_ps(pl->sin_t + i);
+            const __m256 y_lo = _mm256_sub_ps(_mm256_mul_ps(lo, c), _mm256_mul_ps(hi, s));
+            const __m256 y_hi = _mm256_add_ps(_mm256_mul_ps(lo, s), _mm256_mul_ps(hi, c));
+            const __m256 canon_lo = _mm256_blendv_ps(canonical_nan, y_lo, _mm256_cmp_ps(y_lo, y_lo, _CMP_ORD_Q));
+            const __m256 canon_hi = _mm256_blendv_ps(canonical_nan, y_hi, _mm256_cmp_ps(y_hi, y_hi, _CMP_ORD_Q));
+            _mm_storeu_si128((__m128i *) (head + 2 * i), _mm256_cvtps_ph(canon_lo, _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128((__m128i *) (head + 2 * (i + n)), _mm256_cvtps_ph(canon_hi, _MM_FROUND_TO_NEAREST_INT));
+        }
+    }
+}
+
+/* The rotation with the F16 conversions done by the F16C instructions, 8 elements at a time,
+ * where the CPU has them (every x86-64 CPU since 2012): they round to nearest even and convert
+ * exactly, as f16_to_f32/f32_to_f16 do, and products stay unfused (no FMA in this target), so
+ * the bytes are the same. Heads whose rotated part is a whole number of 8-element steps turn
+ * in registers (rotate_pairs_f16c, rotate_halves_f16c): the scalar pair loop was most of an
+ * assemble's time (a ~4K-token SmolLM2 prompt: 79 ms on one thread, bench/RESULTS.md). */
 __attribute__((target("avx,f16c")))
 static void rotate_heads_f16_f16c(uint8_t *heads, size_t n_head, size_t head_bytes, const pc_rope_plan *pl) {
     float x[PC_MAX_ROT], y[PC_MAX_ROT];
     const int32_t n_rot = 2 * pl->n_pairs;
     const __m256 canonical_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    if (!pl->neox && n_rot % 8 == 0) {
+        rotate_pairs_f16c(heads, n_head, head_bytes, pl, canonical_nan);
+        return;
+    }
+    if (pl->neox && pl->n_pairs % 8 == 0) {
+        rotate_halves_f16c(heads, n_head, head_bytes, pl, canonical_nan);
+        return;
+    }
     for (size_t h = 0; h < n_head; ++h) {
         uint8_t *head = heads + h * head_bytes;
         int32_t j = 0;

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from pc_cpu.engine.prompts.schema_cells import ModuleCache
+from pc_cpu.errors import EngineError
 from tests.tiny_gguf import write_tiny_llama_gguf
 
 DOCS = {name: f"Document {name}: " + " ".join(f"{name}{i} fact number {i}." for i in range(12)) for name in "abc"}
@@ -189,11 +190,17 @@ def test_the_pin_holds_exactly_the_resident_cells_through_eviction(make_engine):
     assert engine.resident.cells == pinned_cells(engine) == 0
 
 
+def refuse(*args) -> None:
+    raise EngineError("refused for this test")
+
+
 def test_a_stored_state_refused_at_restore_is_removed_and_re_encoded(make_engine, store_dir, monkeypatch, caplog):
     clean = make_engine(store=store_dir)
     expected = engine_answers(clean, clean.load(SCHEMA))
     engine = make_engine(store=store_dir)
     layout = engine.layout(SCHEMA)  # laid out, not encoded
+    # llama.cpp refuses the bytes both ways: restored straight into the prompt's stream, then into the library.
+    monkeypatch.setattr(ModuleCache, "restore_stored", refuse)
     monkeypatch.setattr(ModuleCache, "_restore", lambda self, entry, runs, library, shift=0: "refused for this test")
 
     with caplog.at_level(logging.WARNING):

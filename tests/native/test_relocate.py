@@ -115,9 +115,10 @@ def c_path(request, monkeypatch):
 @needs_native
 @pytest.mark.parametrize("k_type", [GGML_F16, GGML_F32], ids=["f16", "f32"])
 @pytest.mark.parametrize("mode, n_rot", [(RopeMode.NORMAL, 8), (RopeMode.NEOX, 8), (RopeMode.NEOX, 6),
-                                         (RopeMode.NORMAL, 20)])
+                                         (RopeMode.NORMAL, 20), (RopeMode.NEOX, 16), (RopeMode.NORMAL, 16)])
 def test_numpy_and_native_relocate_agree_on_synthetic_blobs(k_type, mode, n_rot, c_path):
-    spec = BlobSpec(positions=tuple(range(100, 150)), k_type=k_type, head_dim=24)  # 20 pairs: 8-wide steps and a tail
+    # head_dim 24: 8-wide steps and a tail; n_rot 16 turns whole 8-wide steps in registers (both modes)
+    spec = BlobSpec(positions=tuple(range(100, 150)), k_type=k_type, head_dim=24)
     rope = dataclasses.replace(spec.rope(mode, n_rot), freq_base=500000.0, freq_scale=0.25)
     blob = make_blob(spec)
     for delta in (1, -50, 77, 4095, 1 << 20):

@@ -14,12 +14,12 @@ Result.tiers reports.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from pc_cpu.engine.cells.cell_store import CellStore
 from pc_cpu.engine.llama.context import Context
-from pc_cpu.engine.cells.relocate import move
+from pc_cpu.engine.cells.relocate import move, move_together
 from pc_cpu.engine.llama.sequences import SequenceRoles
 from pc_cpu.engine.cells.encoder import Encoder, Workspace
 from pc_cpu.errors import ContextOverflowError, EngineError, StateBlobError
@@ -34,6 +34,16 @@ from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.store.tiers import TieredStore
 
 log = logging.getLogger(__name__)
+
+@dataclass
+class StoredCells:
+    """The stored blobs of a prompt's encodings, each with the shift that puts it in place, and the tier of each."""
+
+    keys: frozenset[str]  # the encodings
+    blobs: list[bytes] = field(default_factory=list)  # at their homes
+    shifts: list[int] = field(default_factory=list)  # one per blob
+    tiers: dict[str, Tier] = field(default_factory=dict)  # the byte tier that served each encoding
+
 
 @dataclass(frozen=True)
 class Placed:
@@ -72,6 +82,7 @@ class ModuleCache:
         self.model_id = ctx.cells_id
         self._moved_buffer = bytearray()  # the last restored blob moved into place (_restore), grown to the largest
         self.encoded = 0  # encodings this instance computed (a warm store keeps this at 0)
+        self.evictions = 0  # calls to evict: work queued to make encodings resident gives way to a later one
         self._keys: dict[tuple[str, str], tuple[Layout, StoreKey]] = {}  # (schema, encoding) -> its content key
         self._shifts: dict[tuple[str, str], tuple[Layout, int]] = {}  # (schema, encoding) -> home_shift
         self._used_by: dict[str, set[StoreKey]] = {}  # schema -> the keys it made resident
@@ -124,6 +135,50 @@ class ModuleCache:
         served = {key: self._ensure_one(layout, key, keep, on_computed) for key in ordered}
         self._make_room(reserve, keep)
         return served
+
+    def stored_cells(self, layout: Layout, keys: Iterable[str]) -> StoredCells | None:
+        """Returns the stored blobs of every encoding in `keys`, each with the shift that puts it in place; or None.
+
+        For a prompt that restores them straight into its stream (`restore_stored`) instead of
+        into the library: one copy of the cells instead of three (into the library, out of it,
+        into the stream). None when one of them is resident or not stored (`ensure` then serves
+        the prompt), or when the relocator does not know this model's one KV cache (a sliding
+        window's second cache is restored through the library).
+        """
+        if self.cells is None or self.rope is None or len(self.rope) != 1:
+            return None
+        wanted = set(keys)
+        stored = StoredCells(keys=frozenset(wanted))
+        for key in (key for key in encoding_keys(layout, self.mode) if key in wanted):
+            if self.resident.contains(self.resident_key_of(layout, key)):
+                return None
+            runs, shift = encoding_runs(layout, key, self.mode), self.shift_of(layout, key)
+            found = self._lookup(layout, key, self.key_of(layout, key), runs, shift)
+            if found is None:
+                return None
+            stored.blobs.extend(found[0])
+            stored.shifts.extend([shift] * len(found[0]))
+            stored.tiers[key] = found[1]
+        return stored if len(stored.tiers) == len(wanted) else None
+
+    def restore_stored(self, stored: StoredCells, prompts: Context, slot: int) -> None:
+        """Restores `stored` (from stored_cells), moved into place and in position order, into the empty stream `slot`.
+
+        Raises:
+            StateBlobError: the cells cannot be joined (they overlap), or llama.cpp's EngineError: it refused them.
+        """
+        try:
+            view = move_together(prompts, stored.blobs, stored.shifts, self.rope, prompts.n_stream,
+                                 self._moved_buffer, seq=slot, empty=slot)
+        except BufferError:  # a view of the last restore outlived it (a traceback holds one): start afresh
+            self._moved_buffer = bytearray()
+            view = move_together(prompts, stored.blobs, stored.shifts, self.rope, prompts.n_stream,
+                                 self._moved_buffer, seq=slot, empty=slot)
+        try:
+            ops.order_in_place(view)  # encodings join in schema order; an encoding read out of the library in slot order
+            prompts.state_set(slot, view)
+        finally:
+            view.release()
 
     def precompute(self, layout: Layout, key: str, workspace: Workspace,
                    on_computed: Callable[[int], None] | None = None) -> bool:
@@ -231,6 +286,7 @@ class ModuleCache:
         An encoding two schemas share is one set of cells: evicting either schema frees it.
         """
         before = self.resident.cells
+        self.evictions += 1
         used = None if schema is None else self._used_by.pop(schema, set())
         for key in self.resident.keys():
             if used is None or key in used:

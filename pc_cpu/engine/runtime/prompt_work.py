@@ -64,12 +64,14 @@ class IdleTask:
     base is gone is dropped), and a task given up at position p leaves `stopped(p)` held there.
     Once every token is computed, `save(slot)` stores the stream's cells and returns their Head:
     the slot keeps them for the next prompt with that head (None: the stream is emptied).
-    A task starts `delay` seconds after its prompt ended at the earliest.
+    A task starts `delay` seconds after its prompt ended at the earliest. A task with no tokens
+    and no base is work in the library context, not cells: it takes no stream, and
+    `save(None)` runs in one step of the worker.
     """
 
     key: Hashable  # what the cells are: one task per key waits at a time
     tokens: tuple[int, ...]
-    save: Callable[[int], Head | None]
+    save: Callable[[int | None], Head | None]
     skip: Callable[[], bool] = lambda: False  # asked before it starts: True drops it (the cells are stored already)
     start: int = 0  # the position of tokens[0]
     base: Head | None = None  # the held head whose stream the task continues; None: an emptied stream

@@ -137,7 +137,7 @@ class IdleRun:
     """The idle task being computed: its slot (out of the free list meanwhile) and the tokens done."""
 
     task: IdleTask
-    slot: int
+    slot: int | None  # None: library work, which takes no stream
     done: int = 0
 
 
@@ -449,6 +449,13 @@ class Scheduler:
             run = self._idle_run or self._next_idle_run()
         if run is None:
             return
+        if run.slot is None:  # library work: one step, no stream
+            try:
+                run.task.save(None)
+            except Exception:
+                log.exception("idle work failed; dropped")
+            self._idle_run = None
+            return
         try:
             task, lo = run.task, run.done
             start, tokens = task.start, task.tokens
@@ -478,6 +485,9 @@ class Scheduler:
             self._idle.remove(task)
             if task.skip():
                 continue
+            if not task.tokens and task.base is None:
+                self._idle_run = IdleRun(task, None)
+                return self._idle_run
             if task.base is not None:
                 slot = next((s for s in self._free if self._held.get(s) == task.base), None)
                 if slot is None:  # its stream was reused meanwhile: nothing to continue
