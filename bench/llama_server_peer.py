@@ -1,13 +1,13 @@
 """pc_cpu against llama.cpp's own server (`llama-server`, with its cache on), on the same model, threads, context and slots.
 
-The peer (issue 56): `llama-server` built from the llama.cpp that llama-cpp-python 0.3.36's sdist
-vendors (the same commit as pc_cpu's), with CMake, target llama-server, into
-$PC_CPU_LLAMA_SERVER_DIR (default ~/.cache/pc_cpu/llama-server; built once, on first use, ~20 min on
-2 cores; or give a binary with --llama-server PATH). It runs with its cache on: `cache_prompt` (its
-default, sent anyway), `--cache-reuse 256`, `--cache-ram 8192`; with `--no-repack` when pc_cpu's
-CPU check turned extra buffers off (pc_cpu.engine.llama.extra_buffers), and flash attention as
-pc_cpu's default for the model. Slots: `--parallel S`, `-c S * n_ctx`, so each slot has pc_cpu's
-n_ctx cells, as each of pc_cpu's S prompt slots has.
+The peer (issue 56; pc_cpu.benchmarks.llama_server): `llama-server` built from the llama.cpp that
+llama-cpp-python 0.3.36's sdist vendors (the same commit as pc_cpu's) into $PC_CPU_LLAMA_SERVER_DIR
+(default ~/.cache/pc_cpu/llama-server; built once, on first use, downloading the sdist, ~20 min on
+2 cores; or give a binary with --llama-server PATH), run with its cache on (`cache_prompt`,
+`--cache-reuse 256`, `--cache-ram 8192`), `--no-repack` when pc_cpu's CPU check turned extra
+buffers off, flash attention as pc_cpu's default for the model. Slots: `--parallel S`,
+`-c S * n_ctx`, so each slot has pc_cpu's n_ctx cells, as each of pc_cpu's S prompt slots has.
+`pc-cpu bench peers --llama-server PATH` runs the same peer on that command's two workloads.
 
 Workloads (each system runs its own conversation on the same questions, greedy, answers of at most
 --answer-tokens; llama-server gets pc_cpu's chat template's tokens for its own messages, through
@@ -39,26 +39,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import tarfile
-import time
 from pathlib import Path
 
-import httpx
-
 from pc_cpu import PromptCache
+from pc_cpu.benchmarks.llama_server import LlamaServer, build_llama_server
 
 sys.path.insert(0, str(Path(__file__).parent))
 from report_file import new_report, write_report  # noqa: E402  (bench scripts share these helpers)
 from several_servers import manual  # noqa: E402  (the same ~4K-token document of NQ passages)
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER_DIR = Path(os.environ.get("PC_CPU_LLAMA_SERVER_DIR", Path.home() / ".cache" / "pc_cpu" / "llama-server"))
-LLAMA_CPP_PYTHON = "0.3.36"  # the pin in pyproject.toml: the llama.cpp pc_cpu runs on
 SYSTEM = "You are a helpful assistant. Answer in one sentence."
 QUESTIONS = ["Name a large city by the sea.", "What is it known for?", "Name another one.", "Which of the two is older?",
              "What do people eat there?", "And in the first one?", "Which has the larger port?", "Name a river in one.",
@@ -69,78 +61,6 @@ DOC_QUESTIONS = ["What is the first topic of the notes?", "Which year appears fi
                  "Name one place mentioned.", "What is the last topic?", "Which number is largest?",
                  "What is said about music?", "What is said about sport?", "Name a country in the notes.",
                  "Which title comes second?"]
-
-
-# --- the peer ---------------------------------------------------------------------------------
-
-def build_llama_server(directory: Path = SERVER_DIR) -> Path:
-    """Returns llama-server built from llama-cpp-python's sdist (pip download), building it once into `directory`."""
-    binary = directory / "build" / "bin" / "llama-server"
-    if binary.exists():
-        return binary
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(directory)], check=True)
-    with tarfile.open(directory / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as sdist:
-        sdist.extractall(directory, filter="data")
-    source = directory / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
-    subprocess.run(["cmake", "-S", str(source), "-B", str(directory / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=ON"], check=True)
-    subprocess.run(["cmake", "--build", str(directory / "build"), "--target", "llama-server",
-                    "-j", str(os.cpu_count() or 2)], check=True)
-    return binary
-
-
-class LlamaServer:
-    """A llama-server process on 127.0.0.1 with its cache on (module docstring); a context manager."""
-
-    def __init__(self, binary: Path, model: Path, *, threads: int, n_ctx: int, slots: int, flash_attn: bool,
-                 no_repack: bool):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.args = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                     "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx * slots), "--parallel", str(slots),
-                     "--cache-reuse", "256", "--cache-ram", "8192", "-fa", "on" if flash_attn else "off",
-                     "--no-webui", "--log-disable"] + (["--no-repack"] if no_repack else [])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def __enter__(self) -> "LlamaServer":
-        self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {self.process.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("llama-server did not answer /health in 300 s")
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        self.process.wait(30)
-
-    def complete(self, tokens: list[int], n_predict: int, *, cache_prompt: bool = True) -> dict:
-        """Returns {ttft_ms, text, cached} of one greedy completion of `tokens`, streamed."""
-        body = {"prompt": tokens, "n_predict": n_predict, "cache_prompt": cache_prompt, "temperature": 0.0,
-                "stream": True, "samplers": ["top_k"], "top_k": 1}
-        started, ttft, text, cached = time.perf_counter(), None, [], None
-        with httpx.stream("POST", self.url + "/completion", json=body, timeout=600) as response:
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[6:])
-                if ttft is None:
-                    ttft = (time.perf_counter() - started) * 1000
-                text.append(event.get("content", ""))
-                if event.get("stop"):
-                    cached = event.get("timings", {}).get("cache_n")
-        return {"ttft_ms": ttft, "text": "".join(text), "cached": cached}
 
 
 # --- workloads ----------------------------------------------------------------------------------

@@ -126,17 +126,22 @@ def accuracy(model, threads, quick, as_json, count, task, kv_keys, gaps, out, pl
 @threads_option
 @quick_option
 @json_option
-def peers(model, threads, quick, as_json):
-    """pc_cpu vs llama-cpp-python's Llama (prefix reuse) and LlamaRAMCache on the same tokens.
+@click.option("--llama-server", "llama_server", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A llama-server binary: llama.cpp's own server joins the peers, its cache on (python "
+                   "bench/llama_server_peer.py builds one from llama-cpp-python's sdist).")
+def peers(model, threads, quick, as_json, llama_server):
+    """pc_cpu vs llama-cpp-python's Llama (prefix reuse), LlamaRAMCache and llama-server on the same tokens.
 
-    Example: pc-cpu bench peers --quick --threads 2
+    Example: pc-cpu bench peers --quick --threads 2 [--llama-server ~/.cache/pc_cpu/llama-server/build/bin/llama-server]
     """
+    from pathlib import Path
+
     from pc_cpu.benchmarks import peers as prs
     from pc_cpu.benchmarks.report import peers_markdown
 
-    with _bar(3, "peers", as_json) as progress:
+    with _bar(3 + (llama_server is not None), "peers", as_json) as progress:
         report = prs.run(model, threads, doc_tokens=600 if quick else 1500, repeats=3 if quick else 5,
-                         progress=progress)
+                         llama_server=Path(llama_server) if llama_server else None, progress=progress)
     _emit(report, peers_markdown(report), as_json)
 
 

@@ -1,7 +1,10 @@
-"""pc_cpu against llama-cpp-python's own prefix reuse, on the same tokens, model and threads.
+"""pc_cpu against llama-cpp-python's own prefix reuse and llama.cpp's own server, on the same tokens, model and threads.
 
 NOTE: this is the one module outside pc_cpu/engine that imports llama_cpp, and only to run the peer
 (`llama_cpp.Llama`, with and without `LlamaRAMCache`) exactly as a user of that library would.
+With a `llama-server` binary (pc_cpu.benchmarks.llama_server), llama.cpp's own server joins them:
+one slot of the same n_ctx, its cache on (`cache_prompt`, `--cache-reuse 256`, `--cache-ram`), the
+same token ids through /completion, TTFT to its first streamed token.
 
 Workloads (prompts answered in turn; the first warms every system up and is not timed):
 - "shared prefix": every prompt imports all documents and asks a different question, so the documents
@@ -13,10 +16,12 @@ Workloads (prompts answered in turn; the first warms every system up and is not 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 from pc_cpu.benchmarks import workloads
 from pc_cpu.benchmarks.timing import stats
+from pc_cpu.errors import PromptCacheError
 from pc_cpu.pml.chat import common_prefix
 from pc_cpu.pml.text import escape_text
 
@@ -39,15 +44,40 @@ def _schema_and_prompts(tokenize, doc_tokens: int, n_docs: int, count: int) -> t
     return schema, {"shared prefix": shared, "documents not a prefix": window}
 
 
+def _llama_server_ttfts(binary: Path, model: Path, token_lists: dict[str, list[list[int]]], measured: dict, *,
+                        threads: int, n_ctx: int, flash_attn: bool) -> list[str]:
+    """Adds llama-server's TTFTs on every workload's prompts to `measured`; returns the server's arguments."""
+    from pc_cpu.benchmarks.llama_server import LlamaServer
+    from pc_cpu.engine.llama.extra_buffers import decide
+
+    for name, lists in token_lists.items():
+        # A fresh server per workload, as Llama is reset per workload: no cells carried between them.
+        with LlamaServer(binary, model, threads=threads, n_ctx=n_ctx, slots=1, flash_attn=flash_attn,
+                         no_repack=not decide().enabled) as server:
+            server.complete(lists[0], 1)  # the warm-up prompt, untimed
+            measured[name][LLAMA_SERVER] = [server.complete(t, 1)["ttft_ms"] for t in lists[1:]]
+            args = server.args[1:]
+    return args
+
+
 def _llama_ttft(llm, tokens: list[int]) -> float:
     t0 = time.perf_counter()
     llm.create_completion(prompt=tokens, max_tokens=1, temperature=0.0)
     return (time.perf_counter() - t0) * 1000
 
 
+LLAMA_SERVER = "llama-server (cache_prompt, --cache-reuse 256, --cache-ram)"
+
+
 def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6, repeats: int = 5,
-        progress: Callable[[int], None] | None = None) -> dict:
-    """Returns TTFT stats per workload for pc_cpu (cached, baseline) and the two llama-cpp-python peers."""
+        llama_server: Path | None = None, progress: Callable[[int], None] | None = None) -> dict:
+    """Returns TTFT stats per workload for pc_cpu (cached, baseline), the two llama-cpp-python peers and llama-server.
+
+    llama_server: a llama-server binary; None leaves that peer out.
+    """
+    if llama_server is not None and not Path(llama_server).is_file():  # before minutes of measuring
+        raise PromptCacheError(f"llama-server binary {str(llama_server)!r} is not a file: give the path of one "
+                               "(python bench/llama_server_peer.py builds it from llama-cpp-python's sdist)")
     import llama_cpp  # see the module NOTE: the peer, used as its users do
 
     from pc_cpu.engine.llama.extra_buffers import llama_peer  # loaded as pc_cpu loads models, for a like comparison
@@ -87,6 +117,11 @@ def run(model=None, threads: int = 2, *, doc_tokens: int = 1500, n_docs: int = 6
                 measured[name][peer] = [_llama_ttft(llm, t) for t in lists[1:]]
         finally:
             llm.close()
+        if progress:
+            progress(1)
+    if llama_server is not None:
+        report["llama_server"] = _llama_server_ttfts(llama_server, Path(path), token_lists, measured, threads=threads,
+                                                     n_ctx=n_ctx, flash_attn=flash_attn)
         if progress:
             progress(1)
     for name, systems in measured.items():
