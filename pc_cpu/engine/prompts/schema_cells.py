@@ -9,6 +9,10 @@ evicted from it; their bytes stay in the tiers below.
 
 The tiers say which one served each encoding (a pc_cpu.result.Tier): what
 Result.tiers reports.
+
+A prompt that needs only stored encodings may skip the library: `stored_cells` reads their
+blobs and `restore_stored` moves and joins them straight into the prompt's stream
+(pc_cpu.engine.prompts.schema_prompt says when).
 """
 
 from __future__ import annotations
