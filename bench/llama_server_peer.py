@@ -27,8 +27,11 @@ Workloads (each system runs its own conversation on the same questions, greedy, 
 - "agent loop" and "8 agents over 4 slots": bench/agent_loop.py's agent (a ~3,500-token system
   message with 12 tools), 8 steps each adding a scripted call and the tool's result, a one-token
   answer per step (its TTFT), one agent, then 8 agents round-robin.
+With --llama, llama-cpp-python's `Llama` (one context of n_ctx, its in-context prefix reuse, the same
+token ids, streamed) answers every workload but the 8 agents (each would recompute its ~4K-token
+history at every step: ~25 min here).
 TTFT: pc_cpu's Result.ttft_ms (in-process); llama-server's, the wall time from sending the request
-to its first streamed token (loopback HTTP adds ~1 ms). Reported p50/p99 per workload, turns after
+to its first streamed token (loopback HTTP adds ~1 ms); Llama's, to its first streamed chunk. Reported p50/p99 per workload, turns after
 each conversation's first.
 
     python bench/llama_server_peer.py [--model qwen2.5-coder-0.5b] [--threads 2] [--turns 12]
@@ -41,6 +44,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from pc_cpu import PromptCache
@@ -49,6 +53,7 @@ from pc_cpu.benchmarks.llama_server import LlamaServer, build_llama_server
 sys.path.insert(0, str(Path(__file__).parent))
 from report_file import new_report, write_report  # noqa: E402  (bench scripts share these helpers)
 from several_servers import manual  # noqa: E402  (the same ~4K-token document of NQ passages)
+from agent_loop import TOOLS  # noqa: E402  (the agent's 12 tools)
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM = "You are a helpful assistant. Answer in one sentence."
@@ -61,6 +66,37 @@ DOC_QUESTIONS = ["What is the first topic of the notes?", "Which year appears fi
                  "Name one place mentioned.", "What is the last topic?", "Which number is largest?",
                  "What is said about music?", "What is said about sport?", "Name a country in the notes.",
                  "Which title comes second?"]
+
+
+# --- llama-cpp-python's Llama, the third system (--llama) -----------------------------------------
+
+class LlamaPeer:
+    """llama-cpp-python's `Llama` (loaded as pc_cpu loads models) with LlamaServer's `complete`: one context, its prefix reuse."""
+
+    def __init__(self, model: Path, *, threads: int, n_ctx: int, flash_attn: bool):
+        from pc_cpu.engine.llama.extra_buffers import llama_peer
+
+        self.llm = llama_peer(model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                              verbose=False)
+
+    def __enter__(self) -> "LlamaPeer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.llm.close()
+
+    def complete(self, tokens: list[int], n_predict: int) -> dict:
+        """Returns {ttft_ms, text, cached} of one greedy completion of `tokens`, streamed (cached: the prefix it kept)."""
+        from pc_cpu.pml.chat import common_prefix
+
+        cached = common_prefix(list(self.llm._input_ids[:self.llm.n_tokens]), tokens)
+        started, ttft, text = time.perf_counter(), None, []
+        for chunk in self.llm.create_completion(prompt=tokens, max_tokens=n_predict, temperature=0.0, top_k=1,
+                                                stream=True):
+            if ttft is None:
+                ttft = (time.perf_counter() - started) * 1000
+            text.append(chunk["choices"][0]["text"])
+        return {"ttft_ms": ttft, "text": "".join(text), "cached": cached}
 
 
 # --- workloads ----------------------------------------------------------------------------------
@@ -129,8 +165,6 @@ def run(args) -> dict:
         agents = _agent_workloads(args, pc)
         for name, (count, system) in agents.items():
             def pc_step(messages):
-                from agent_loop import TOOLS
-
                 result = pc.chat(messages, tools=TOOLS, max_tokens=1)
                 pc.wait_idle()  # the tool runs
                 return result.ttft_ms, result.cached_tokens
@@ -157,9 +191,28 @@ def run(args) -> dict:
 
                 results[name]["llama-server"] = run_chats(ask, plan, questions)
             print(json.dumps({name: summary(results[name]["llama-server"])}), file=sys.stderr, flush=True)
-        for name, (count, system) in agents.items():
-            from agent_loop import TOOLS
+        if args.llama:
+            for name, (plan, questions, _, tokens_of) in workloads.items():
+                with LlamaPeer(model_path, threads=args.threads, n_ctx=args.n_ctx, flash_attn=flash_attn) as peer:
+                    peer.complete(template([{"role": "user", "content": "Hello"}]), 1)  # warm-up, untimed
 
+                    def llama_ask(messages, peer=peer, tokens_of=tokens_of):
+                        done = peer.complete(tokens_of(messages), args.answer_tokens)
+                        return done["ttft_ms"], done["text"], done["cached"]
+
+                    results[name]["Llama"] = run_chats(llama_ask, plan, questions)
+                print(json.dumps({name: {"Llama": summary(results[name]["Llama"])}}), file=sys.stderr, flush=True)
+            for name, (count, system) in agents.items():
+                if count > 1:
+                    continue  # one context: 8 agents each recompute their history at every step (~25 min here)
+                with LlamaPeer(model_path, threads=args.threads, n_ctx=args.n_ctx, flash_attn=flash_attn) as peer:
+                    def llama_step(messages, peer=peer):
+                        done = peer.complete(list(pc.conversations.prompt(messages, tools=TOOLS).tokens), 1)
+                        return done["ttft_ms"], done["cached"]
+
+                    results[name]["Llama"] = run_agents(llama_step, count, args.steps, system)
+                print(json.dumps({name: {"Llama": summary(results[name]["Llama"])}}), file=sys.stderr, flush=True)
+        for name, (count, system) in agents.items():
             with LlamaServer(binary, model_path, threads=args.threads, n_ctx=args.n_ctx, slots=4,
                              flash_attn=flash_attn, no_repack=not decision.enabled) as server:
                 server.complete(template([{"role": "user", "content": "Hello"}]), 1)  # warm-up, untimed
@@ -172,7 +225,9 @@ def run(args) -> dict:
             print(json.dumps({name: summary(results[name]["llama-server"])}), file=sys.stderr, flush=True)
     for name, by_system in results.items():
         table = {system: summary(rows) for system, rows in by_system.items()}
-        table["llama-server / pc_cpu p50"] = round(table["llama-server"]["p50_ms"] / table["pc_cpu"]["p50_ms"], 2)
+        for peer in ("llama-server", "Llama"):
+            if peer in table:
+                table[f"{peer} / pc_cpu p50"] = round(table[peer]["p50_ms"] / table["pc_cpu"]["p50_ms"], 2)
         out["workloads"][name] = {"summary": table, "rows": by_system}
     return out
 
@@ -246,11 +301,21 @@ def rag(args, pc: PromptCache, binary: Path, flash_attn: bool, no_repack: bool) 
             full = server.complete(tokens, args.answer_tokens, cache_prompt=False)
             rows["llama-server full prefill"].append({"ttft_ms": full["ttft_ms"], "answer": full["text"],
                                                       "correct": correct(full["text"], q.answers)})
+    if args.llama:
+        rows["Llama"] = []
+        with LlamaPeer(pc.model.path, threads=args.threads, n_ctx=args.n_ctx, flash_attn=flash_attn) as peer:
+            peer.complete(token_lists[0][:8], 1)  # warm-up, untimed
+            for (q, _), tokens in zip(prompts, token_lists):
+                done = peer.complete(tokens, args.answer_tokens)
+                rows["Llama"].append({"ttft_ms": done["ttft_ms"], "correct": correct(done["text"], q.answers),
+                                      "answer": done["text"], "cached": done["cached"]})
     table = {name: {"p50_ms": round(statistics.median(r["ttft_ms"] for r in got), 1),
                     "p99_ms": round(sorted(r["ttft_ms"] for r in got)[min(len(got) - 1, round(0.99 * (len(got) - 1)))], 1),
                     "accuracy": round(sum(r["correct"] for r in got) / len(got), 3), "n": len(got)}
              for name, got in rows.items()}
     table["llama-server / pc_cpu p50"] = round(table["llama-server"]["p50_ms"] / table["pc_cpu"]["p50_ms"], 2)
+    if "Llama" in table:
+        table["Llama / pc_cpu p50"] = round(table["Llama"]["p50_ms"] / table["pc_cpu"]["p50_ms"], 2)
     table["llama-server answers differing from its full prefill"] = sum(
         a["answer"] != b["answer"] for a, b in zip(rows["llama-server"], rows["llama-server full prefill"]))
     return {"summary": table, "rows": rows, "library": args.library}
@@ -279,6 +344,8 @@ def main(argv=None) -> None:
     parser.add_argument("--library", type=int, default=200, help="RAG: passages in the library")
     parser.add_argument("--rag-questions", type=int, default=40)
     parser.add_argument("--llama-server", default=None, help="a llama-server binary (default: built once)")
+    parser.add_argument("--llama", action="store_true",
+                        help="also llama-cpp-python's Llama (one context, its prefix reuse); not on 8 agents")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llama_server_peer.json")
     args = parser.parse_args(argv)
     report = new_report("llama_server_peer.py", argv)

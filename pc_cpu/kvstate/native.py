@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from pc_cpu.errors import StateBlobError
+from pc_cpu.kvstate.buffers import grow_unwritten
 from pc_cpu.kvstate.library import library_path
 from pc_cpu.kvstate.rope import RopeParams
 from pc_cpu.kvstate.state_blob import BlobLike, StateBlobInfo
@@ -230,7 +231,7 @@ def assemble_into(blobs: Sequence[BlobLike], deltas: Sequence[int], rope: RopePa
                              code="argument")
     need = _assemble(blobs, deltas, rope, n_stream, out)
     if need > len(out):
-        out.extend(bytes(need - len(out)))
+        grow_unwritten(out, need)  # pc_state_assemble writes every byte of the result
         _assemble(blobs, deltas, rope, n_stream, out)
     return need
 

@@ -13,6 +13,7 @@ import pytest
 
 from pc_cpu.errors import StateBlobError
 from pc_cpu.kvstate import native, state_blob
+from pc_cpu.kvstate.buffers import grow_unwritten
 from pc_cpu.kvstate.rope import RopeMode
 
 from .conftest import GGML_F16, GGML_F32, BlobSpec, assemble, make_blob
@@ -122,3 +123,27 @@ def test_assemble_into_grows_the_buffer_and_reuses_it(impl):
     smaller = bytes(assemble(impl, blobs[:2], [0, 8], rope, 2))
     n2 = impl.assemble_into(blobs[:2], [0, 8], rope, 2, out)  # into the grown buffer: not resized
     assert len(out) == len(expected) and bytes(out[:n2]) == smaller
+
+
+@needs_native
+@pytest.mark.parametrize("v_trans", [False, True], ids=["v_rows", "v_trans"])
+@pytest.mark.parametrize("n_stream", [1, 4])
+def test_native_assemble_writes_every_byte_of_a_grown_buffer(v_trans, n_stream):
+    # The buffer grows without its new bytes written (grow_unwritten): what it held must not show.
+    spec = BlobSpec(positions=tuple(range(8)), v_trans=v_trans)
+    blobs, rope = _documents(spec, 3), spec.rope()
+    expected = bytes(assemble(native, blobs, [0, 8, 16], rope, n_stream))
+    out = bytearray(b"\xab" * (len(expected) + 64))
+    del out[4:]  # shrunk to 4 bytes: the next growth may hand back the 0xab bytes as they are
+    n = native.assemble_into(blobs, [0, 8, 16], rope, n_stream, out)
+    assert bytes(out[:n]) == expected
+
+
+def test_grow_unwritten_refuses_while_a_view_is_alive():
+    out = bytearray(4)
+    view = memoryview(out)
+    with pytest.raises(BufferError):
+        grow_unwritten(out, 1 << 20)
+    view.release()
+    grow_unwritten(out, 1 << 20)
+    assert len(out) == 1 << 20

@@ -18,6 +18,7 @@ import numpy as np
 from pc_cpu.engine.llama.log import take_buffer_sizes
 from pc_cpu.engine.llama.model import Model, ModelInfo
 from pc_cpu.errors import ContextOverflowError, EngineError
+from pc_cpu.kvstate.buffers import grow_unwritten
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 
@@ -279,7 +280,8 @@ class Context:
         self.check_seq(seq)
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
         if len(self._state_buffer) < size + room_after:
-            self._state_buffer = bytearray(size + room_after)
+            self._state_buffer = bytearray()  # the old one freed first, then a fresh one llama.cpp writes whole
+            grow_unwritten(self._state_buffer, size + room_after)
         dst = (ctypes.c_uint8 * size).from_buffer(self._state_buffer)
         written = llama_cpp.llama_state_seq_get_data(self._ctx, dst, size, seq)
         del dst  # release the export so the buffer stays resizable
