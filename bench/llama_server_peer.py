@@ -34,8 +34,9 @@ TTFT: pc_cpu's Result.ttft_ms (in-process); llama-server's, the wall time from s
 to its first streamed token (loopback HTTP adds ~1 ms); Llama's, to its first streamed chunk. Reported p50/p99 per workload, turns after
 each conversation's first.
 
-    python bench/llama_server_peer.py [--model qwen2.5-coder-0.5b] [--threads 2] [--turns 12]
-        [--workloads conversation,interleaved,document] [--out bench/results/llama_server_peer.json]
+    python bench/llama_server_peer.py [--model qwen2.5-coder-0.5b] [--threads 2] [--turns 12] [--llama]
+        [--workloads conversation,interleaved,document,agents,rag] [--agents 1,8]
+        [--llama-server PATH] [--out bench/results/llama_server_peer.json]
 """
 
 from __future__ import annotations
@@ -328,7 +329,8 @@ def _agent_workloads(args, pc: PromptCache) -> dict:
     from agent_loop import INSTRUCTIONS, reference_notes
 
     system = INSTRUCTIONS + "\n" + reference_notes(2000, lambda t: pc.model.tokenize(t, special=False))
-    return {"agent loop": (1, system), "8 agents over 4 slots": (8, system)}
+    chosen = {"agent loop": (1, system), "8 agents over 4 slots": (8, system)}
+    return {name: (count, text) for name, (count, text) in chosen.items() if str(count) in args.agents.split(",")}
 
 
 def main(argv=None) -> None:
@@ -341,6 +343,7 @@ def main(argv=None) -> None:
     parser.add_argument("--doc-tokens", type=int, default=4000)
     parser.add_argument("--workloads", default="conversation,interleaved,document,agents,rag")
     parser.add_argument("--steps", type=int, default=8, help="agent-loop steps")
+    parser.add_argument("--agents", default="1,8", help="agent-loop workloads by agent count: 1, 8 or both")
     parser.add_argument("--library", type=int, default=200, help="RAG: passages in the library")
     parser.add_argument("--rag-questions", type=int, default=40)
     parser.add_argument("--llama-server", default=None, help="a llama-server binary (default: built once)")
