@@ -85,25 +85,27 @@ def skip_a_sliding_window(cache) -> None:
         pytest.skip("a sliding window's second KV cache is restored through the library")
 
 
-def test_an_eviction_before_idle_time_cancels_the_restore(make_cache, tmp_path):
-    cache = make_cache(store=tmp_path / "store")
+def queued_restore(cache):
+    """Returns the idle task a prompt restored straight from the store leaves (the library refilled later)."""
     skip_a_sliding_window(cache)
     cache.load_schema(SCHEMA)
     cache.evict()
     _, work = stream_after_prefill(cache, prompt("a"))
     task = work.idle_task(Answer((), 0, "", "stop"))
     assert task is not None and not task.tokens and not task.skip()
+    return task
+
+
+def test_an_eviction_before_idle_time_cancels_the_restore(make_cache, tmp_path):
+    cache = make_cache(store=tmp_path / "store")
+    task = queued_restore(cache)
     cache.evict()  # the caller wants the cells free: the queued restore must not undo that
     assert task.skip()
 
 
 def test_an_idle_restore_makes_them_resident_and_is_then_skipped(make_cache, tmp_path):
     cache = make_cache(store=tmp_path / "store")
-    skip_a_sliding_window(cache)
-    cache.load_schema(SCHEMA)
-    cache.evict()
-    _, work = stream_after_prefill(cache, prompt("a"))
-    task = work.idle_task(Answer((), 0, "", "stop"))
+    task = queued_restore(cache)
     with cache._lock:
         task.save(None)
     assert cache._modules.sequence_of(cache.schemas.layout("t"), "a") is not None

@@ -58,9 +58,10 @@ def move_together(ctx: Context, blobs, deltas, rope: Rope, n_stream: int, out: b
 
     With the relocator: one pass of the C library (pc_state_assemble) into `out`, a buffer
     reused across prompts (mapping ~10-100 MB of new pages cost more than the copy); the view
-    returned is released before the next use. Else each blob is moved by llama.cpp (`move`).
+    returned is released before the next use; blobs that do not move need no relocator. Else each
+    blob is moved by llama.cpp (`move`).
     """
-    if rope is None:
+    if rope is None and any(deltas):  # nothing moving needs no rope: the one pass below joins them
         if seq == empty:
             raise ValueError(f"move_together: llama.cpp moves cells in stream {seq} and needs another free one")
         return ops.restore_blob([move(ctx, blob, delta, rope, seq=seq, empty=empty)

@@ -178,11 +178,8 @@ class DocumentEncoder:
         """
         self.prompts.seq_rm(slot)
         # Into the buffer kept across prompts (assembled), not a fresh one: mapping ~100 MB of new pages
-        # for every question cost more than the copy. Nothing moves, but `assembled` needs the relocator.
-        if self.ropes is not None:
-            self.prompts.state_set(slot, self.assembled([SavedCells(blob, 0)]))
-        else:
-            self.prompts.state_set(slot, ops.restore_blob([blob], self.prompts.n_stream))
+        # for every question cost more than the copy.
+        self.prompts.state_set(slot, self.assembled([SavedCells(blob, 0)]))
         return self._tail(prompt, slot)
 
     def compute_prefix(self, prompt: DocumentPrompt, slot: int, key: StoreKey | None = None) -> int:
